@@ -1,0 +1,44 @@
+// Constructors of the real engines. Most programs call fsdp::init_from_env() (launch.h)
+// instead; these are for programs that set up communication themselves.
+#pragma once
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/process_group.h"
+
+namespace c10d {
+class Store;
+}  // namespace c10d
+
+namespace fsdp {
+
+// Which engines this build of the library carries.
+bool has_mpi_backend();
+bool has_nccl_backend();
+bool has_gloo_backend();
+
+// MPI over MPI_COMM_WORLD (a duplicate), CPU tensors, for processes started by mpirun.
+// Initialises MPI (MPI_THREAD_MULTIPLE) on first use unless the program already did, and
+// finalises it when the last MPI group is destroyed if it initialised it.
+// Throws UnsupportedError when built without MPI, CommError when MPI fails.
+ProcessGroupPtr make_mpi_world_group();
+
+// Gloo through libtorch's c10d, CPU tensors: the engine for torchrun-style launches on CPU.
+// `store` is the rendezvous (a TCPStore in init_from_env). Interface: GLOO_SOCKET_IFNAME if set,
+// else the host name's address, falling back to loopback.
+ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                int world_size, std::chrono::milliseconds timeout);
+
+// NCCL, CUDA tensors, one rank per GPU. `unique_id` is the bytes of an ncclUniqueId created by
+// rank 0 (make_nccl_unique_id) and handed to every rank by the caller (init_from_env uses MPI
+// or the TCP store). Throws UnsupportedError when built without NCCL.
+std::vector<uint8_t> make_nccl_unique_id();
+ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
+                                const std::vector<uint8_t>& unique_id);
+
+}  // namespace fsdp

@@ -1,0 +1,109 @@
+// ProcessGroup: the small collective interface that FSDP needs, on flat contiguous tensors.
+//
+// Every rank of a group must issue the same collectives in the same order with matching
+// sizes and dtypes. Each collective is asynchronous and returns a Work handle; its tensors
+// must stay alive and untouched until wait() returns (backends also keep them alive
+// internally). Arguments are checked once here, before any backend sees them; a violation
+// throws fsdp::InvalidArgument naming the operation, the tensor and what was expected.
+//
+// Supported dtypes: float32, float64, bfloat16, float16 (all operations), int32, int64, uint8
+// (all but ReduceOp::kAvg). Reductions of bfloat16/float16 accumulate in float32 on every
+// backend, so that a sum over ranks is as accurate as the engine's float32 sum.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/work.h"
+
+namespace fsdp {
+
+enum class ReduceOp { kSum, kAvg };
+
+// The operations a group counts; index into CollectiveStats arrays.
+enum class CollectiveKind : int {
+  kAllGather = 0,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier
+};
+inline constexpr int kNumCollectiveKinds = 5;
+const char* collective_name(CollectiveKind kind);
+
+// How many collectives a group issued and how many input bytes each kind moved, per rank.
+struct CollectiveStats {
+  std::array<int64_t, kNumCollectiveKinds> calls{};
+  std::array<int64_t, kNumCollectiveKinds> bytes{};
+  int64_t count(CollectiveKind kind) const { return calls[static_cast<int>(kind)]; }
+  int64_t bytes_of(CollectiveKind kind) const { return bytes[static_cast<int>(kind)]; }
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  ProcessGroup(int rank, int size);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "mpi", "nccl", "gloo", "local" (thread ranks) or "fake".
+  virtual std::string backend_name() const = 0;
+  // Where this group's tensors live: at::kCPU or at::kCUDA.
+  virtual at::DeviceType device_type() const = 0;
+
+  // output.numel() == size() * input.numel(); rank r's input lands in
+  // output[r * input.numel(), (r + 1) * input.numel()). output must not overlap input.
+  WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input);
+
+  // input.numel() == size() * output.numel(); output receives the reduction over ranks of
+  // input[rank * output.numel(), (rank + 1) * output.numel()). kAvg divides by size().
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
+
+  // In place: tensor receives the reduction over ranks of tensor.
+  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op);
+
+  // In place: every rank's tensor receives root's tensor.
+  WorkPtr broadcast(const at::Tensor& tensor, int root);
+
+  WorkPtr barrier();
+
+  // Collective over this group, like MPI_Comm_split: ranks that pass the same color form a new
+  // group, ordered by their rank here. Used for hybrid sharding (shard and replicate groups).
+  std::shared_ptr<ProcessGroup> split(int color);
+
+  const CollectiveStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CollectiveStats{}; }
+
+ protected:
+  // Backends implement these; arguments are already validated. The defaults throw
+  // UnsupportedError("backend X does not support Y").
+  virtual WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input);
+  virtual WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
+  virtual WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op);
+  virtual WorkPtr do_broadcast(const at::Tensor& tensor, int root);
+  virtual WorkPtr do_barrier();
+  // members: ranks of this group (ascending) that passed `color`, this rank among them.
+  virtual std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members);
+
+  // Gathers every rank's color with all_gather; backends that cannot communicate override it.
+  virtual std::vector<int> gather_colors(int color);
+
+ private:
+  void check_tensor(const char* op, const char* name, const at::Tensor& t) const;
+  void count(CollectiveKind kind, const at::Tensor& t);
+
+  int rank_;
+  int size_;
+  CollectiveStats stats_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace fsdp

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Starts N local ranks of PROGRAM with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+# LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), for users without torchrun.
+#   scripts/launch.sh --nproc N [--port P] PROGRAM [ARGS...]
+# If any rank fails, the others are stopped and the first failing exit code is returned, so a
+# dead peer ends the run instead of hanging it.
+set -uo pipefail
+
+usage() { echo "usage: $0 --nproc N [--port P] PROGRAM [ARGS...]" >&2; exit 2; }
+
+nproc="" port=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nproc) nproc="${2:-}"; shift 2 || usage ;;
+    --nproc=*) nproc="${1#*=}"; shift ;;
+    --port) port="${2:-}"; shift 2 || usage ;;
+    --port=*) port="${1#*=}"; shift ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 1 ] || { echo "launch.sh: no PROGRAM given" >&2; usage; }
+if ! [[ "$nproc" =~ ^[1-9][0-9]*$ ]]; then
+  echo "launch.sh: --nproc must be a positive integer, got '${nproc}'" >&2; exit 2
+fi
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if [ -z "$port" ]; then
+  # A free port in the ephemeral-free range, so parallel launches do not collide.
+  for _ in $(seq 1 50); do
+    port=$((20000 + RANDOM % 20000))
+    port_free "$port" && break
+  done
+fi
+if ! [[ "$port" =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+  echo "launch.sh: --port must be in 1..65535, got '${port}'" >&2; exit 2
+fi
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
+trap 'cleanup; exit 130' INT TERM
+
+for ((r = 0; r < nproc; r++)); do
+  RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" &
+  pids+=($!)
+done
+
+status=0
+remaining=$nproc
+while [ "$remaining" -gt 0 ]; do
+  wait -n -p done_pid "${pids[@]}" 2>/dev/null
+  rc=$?
+  remaining=$((remaining - 1))
+  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
+    status=$rc
+    echo "launch.sh: a rank (pid ${done_pid:-?}) exited with status $rc; stopping the others" >&2
+    cleanup
+  fi
+done
+exit "$status"

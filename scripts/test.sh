@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what is missing, configures, builds and runs every test.
+#   scripts/test.sh [extra ctest args]      (BUILD_DIR overrides ./build)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build}"
+
+bash "$root/scripts/install_deps.sh"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON
+cmake --build "$build" -j "$(nproc)"
+# One intra-op thread per rank: several ranks share two cores in the multi-rank tests.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"

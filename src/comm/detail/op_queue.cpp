@@ -1,0 +1,66 @@
+#include "comm/detail/op_queue.h"
+
+namespace fsdp::detail {
+
+bool AsyncWork::is_completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void AsyncWork::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void AsyncWork::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::move(error);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+OpQueue::OpQueue() : worker_([this] { run(); }) {}
+
+OpQueue::~OpQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+WorkPtr OpQueue::submit(std::function<void()> op) {
+  auto work = std::make_shared<AsyncWork>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(Item{std::move(op), work});
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void OpQueue::run() {
+  for (;;) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !items_.empty(); });
+      if (items_.empty()) return;  // stopping and drained
+      item = std::move(items_.front());
+      items_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      item.op();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.work->finish(error);
+  }
+}
+
+}  // namespace fsdp::detail

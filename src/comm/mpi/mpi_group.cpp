@@ -1,0 +1,168 @@
+// The MPI backend: CPU tensors, blocking MPI collectives run in order on the group's worker
+// thread (detail::OpQueue) so callers overlap communication with compute.
+#include <climits>
+#include <mutex>
+
+#include "comm/detail/op_queue.h"
+#include "comm/detail/reduce_util.h"
+#include "comm/mpi/mpi_runtime.h"
+#include "fsdp/backends.h"
+#include "fsdp/errors.h"
+
+namespace fsdp {
+namespace {
+
+MPI_Datatype mpi_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    // Only byte moves see float16 (as_bits); reductions of 16-bit floats run on float32 copies.
+    case at::kHalf:
+      return MPI_UINT16_T;
+    default:
+      throw UnsupportedError(
+          fmt::format("backend mpi has no MPI datatype for {}", c10::toString(t)));
+  }
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup(std::shared_ptr<detail::MpiRuntime> runtime, MPI_Comm comm, int rank, int size)
+      : ProcessGroup(rank, size), runtime_(std::move(runtime)), comm_(comm) {}
+
+  ~MpiProcessGroup() override {
+    queue_.reset();  // finish queued collectives before the communicator goes
+    std::lock_guard<std::mutex> lock(serial_mu());
+    MPI_Comm_free(&comm_);
+  }
+
+  std::string backend_name() const override { return "mpi"; }
+  at::DeviceType device_type() const override { return at::kCPU; }
+
+ protected:
+  WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
+    return queue_->submit([=] {
+      auto in = detail::as_bits(input);
+      auto out = detail::as_bits(output);
+      call("all_gather", [&] {
+        return MPI_Allgather(in.data_ptr(), count(in), mpi_type(in.scalar_type()), out.data_ptr(),
+                             count(in), mpi_type(out.scalar_type()), comm_);
+      });
+    });
+  }
+
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                            ReduceOp op) override {
+    return queue_->submit([=] {
+      auto in = detail::accumulation_buffer(input);
+      auto out = detail::accumulates_in_fp32(output.scalar_type())
+                     ? at::empty({output.numel()}, output.options().dtype(at::kFloat))
+                     : output;
+      call("reduce_scatter", [&] {
+        return MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out),
+                                        mpi_type(in.scalar_type()), MPI_SUM, comm_);
+      });
+      detail::finish_reduction(output.view(-1), out.view(-1), op, size());
+    });
+  }
+
+  WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    return queue_->submit([=] {
+      auto buf = detail::accumulation_buffer(tensor);
+      call("all_reduce", [&] {
+        return MPI_Allreduce(MPI_IN_PLACE, buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()),
+                             MPI_SUM, comm_);
+      });
+      detail::finish_reduction(tensor, buf, op, size());
+    });
+  }
+
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
+    return queue_->submit([=] {
+      auto buf = detail::as_bits(tensor);
+      call("broadcast", [&] {
+        return MPI_Bcast(buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()), root, comm_);
+      });
+    });
+  }
+
+  WorkPtr do_barrier() override {
+    return queue_->submit([=] { call("barrier", [&] { return MPI_Barrier(comm_); }); });
+  }
+
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>&) override {
+    MPI_Comm child = MPI_COMM_NULL;
+    // Through the queue: MPI requires collectives on one communicator to be issued in the
+    // same order everywhere, so it must not race the worker's collectives.
+    queue_
+        ->submit(
+            [&] { call("split", [&] { return MPI_Comm_split(comm_, color, rank(), &child); }); })
+        ->wait();
+    int child_rank = 0, child_size = 0;
+    FSDP_MPI_CHECK(MPI_Comm_rank(child, &child_rank), "split", rank(), size());
+    FSDP_MPI_CHECK(MPI_Comm_size(child, &child_size), "split", rank(), size());
+    FSDP_MPI_CHECK(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), "split", rank(), size());
+    return std::make_shared<MpiProcessGroup>(runtime_, child, child_rank, child_size);
+  }
+
+ private:
+  // MPI counts are int; bigger flat buffers would need chunking, which FSDP's per-group buffers
+  // (at most a few GB) have not needed.
+  int count(const at::Tensor& t) const {
+    if (t.numel() > INT_MAX) {
+      throw UnsupportedError(fmt::format(
+          "backend mpi: a message of {} elements exceeds MPI's int count limit", t.numel()));
+    }
+    return static_cast<int>(t.numel());
+  }
+
+  // With less than MPI_THREAD_MULTIPLE all groups share one lock around MPI calls.
+  static std::mutex& serial_mu() {
+    static std::mutex mu;
+    return mu;
+  }
+
+  template <typename Fn>
+  void call(const char* op, Fn fn) {
+    int rc;
+    if (runtime_->thread_multiple()) {
+      rc = fn();
+    } else {
+      std::lock_guard<std::mutex> lock(serial_mu());
+      rc = fn();
+    }
+    if (rc != MPI_SUCCESS) {
+      throw CommError("mpi", op, rank(), size(), detail::mpi_error_string(rc));
+    }
+  }
+
+  std::shared_ptr<detail::MpiRuntime> runtime_;
+  MPI_Comm comm_;
+  std::unique_ptr<detail::OpQueue> queue_ = std::make_unique<detail::OpQueue>();
+};
+
+}  // namespace
+
+bool has_mpi_backend() { return true; }
+
+ProcessGroupPtr make_mpi_world_group() {
+  auto runtime = detail::MpiRuntime::acquire();
+  int rank = 0, size = 0;
+  FSDP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "init", -1, -1);
+  FSDP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size), "init", rank, -1);
+  MPI_Comm comm = MPI_COMM_NULL;
+  // A private communicator: user traffic on MPI_COMM_WORLD cannot interleave with ours.
+  FSDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "init", rank, size);
+  FSDP_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "init", rank, size);
+  return std::make_shared<MpiProcessGroup>(runtime, comm, rank, size);
+}
+
+}  // namespace fsdp

@@ -1,0 +1,267 @@
+// The NCCL backend: CUDA tensors, one rank per GPU. Collectives run on the group's own
+// communication stream, ordered after the caller's stream by an event; Work::wait() makes the
+// caller's stream wait for the collective's event, so the host never blocks inside a step
+// (the design of c10d's ProcessGroupNCCL, without its watchdog).
+#include <deque>
+#include <mutex>
+
+#include "comm/detail/reduce_util.h"
+#include "comm/nccl/cuda_check.h"
+#include "fsdp/backends.h"
+#include "fsdp/errors.h"
+
+namespace fsdp {
+namespace {
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    default:
+      throw UnsupportedError(fmt::format("backend nccl has no type for {}", c10::toString(t)));
+  }
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(int device, cudaEvent_t done, ncclComm_t comm, std::vector<at::Tensor> keep_alive,
+           std::function<void()> after_wait, bool host_blocking, int rank, int size)
+      : device_(device),
+        done_(done),
+        comm_(comm),
+        keep_alive_(std::move(keep_alive)),
+        after_wait_(std::move(after_wait)),
+        host_blocking_(host_blocking),
+        rank_(rank),
+        size_(size) {}
+
+  ~NcclWork() override { cudaEventDestroy(done_); }
+
+  bool is_completed() override { return cudaEventQuery(done_) == cudaSuccess; }
+
+  void wait() override {
+    detail::CudaDeviceGuard guard(device_);
+    check_async_error();
+    if (host_blocking_) {
+      FSDP_CUDA_CHECK(cudaEventSynchronize(done_), "wait", rank_, size_);
+    } else {
+      FSDP_CUDA_CHECK(cudaStreamWaitEvent(detail::current_cuda_stream(device_), done_, 0), "wait",
+                      rank_, size_);
+    }
+    // Runs on the caller's stream, which now follows the collective: copy-out of 16-bit
+    // reductions accumulated in float32.
+    if (after_wait_) {
+      after_wait_();
+      after_wait_ = nullptr;
+    }
+  }
+
+ private:
+  void check_async_error() {
+    ncclResult_t async = ncclSuccess;
+    FSDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), "wait", rank_, size_);
+    if (async != ncclSuccess) {
+      throw CommError("nccl", "wait", rank_, size_,
+                      fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async)));
+    }
+  }
+
+  int device_;
+  cudaEvent_t done_;
+  ncclComm_t comm_;
+  std::vector<at::Tensor> keep_alive_;
+  std::function<void()> after_wait_;
+  bool host_blocking_;
+  int rank_, size_;
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(int rank, int size, int device, ncclComm_t comm)
+      : ProcessGroup(rank, size), device_(device), comm_(comm) {
+    detail::CudaDeviceGuard guard(device_);
+    FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "init", rank, size);
+  }
+
+  ~NcclProcessGroup() override {
+    detail::CudaDeviceGuard guard(device_);
+    cudaStreamSynchronize(stream_);
+    inflight_.clear();
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string backend_name() const override { return "nccl"; }
+  at::DeviceType device_type() const override { return at::kCUDA; }
+
+ protected:
+  WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
+    check_device("all_gather", {output, input});
+    return launch("all_gather", {output, input}, nullptr, false, [&](cudaStream_t s) {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                           nccl_type(input.scalar_type()), comm_, s);
+    });
+  }
+
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                            ReduceOp op) override {
+    check_device("reduce_scatter", {output, input});
+    if (!detail::accumulates_in_fp32(input.scalar_type())) {
+      return launch("reduce_scatter", {output, input}, nullptr, false, [&](cudaStream_t s) {
+        return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                                 nccl_type(input.scalar_type()), nccl_op(op), comm_, s);
+      });
+    }
+    // NCCL sums 16-bit floats with rounding at every hop: reduce float32 copies instead.
+    auto in32 = input.to(at::kFloat);
+    auto out32 = at::empty({output.numel()}, output.options().dtype(at::kFloat));
+    int world = size();
+    auto copy_out = [output, out32, op, world] {
+      detail::finish_reduction(output.view(-1), out32, op, world);
+    };
+    return launch("reduce_scatter", {output, input, in32, out32}, copy_out, false,
+                  [&](cudaStream_t s) {
+                    return ncclReduceScatter(in32.data_ptr(), out32.data_ptr(), out32.numel(),
+                                             ncclFloat32, ncclSum, comm_, s);
+                  });
+  }
+
+  WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    check_device("all_reduce", {tensor});
+    if (!detail::accumulates_in_fp32(tensor.scalar_type())) {
+      return launch("all_reduce", {tensor}, nullptr, false, [&](cudaStream_t s) {
+        return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                             nccl_type(tensor.scalar_type()), nccl_op(op), comm_, s);
+      });
+    }
+    auto buf = tensor.to(at::kFloat);
+    int world = size();
+    auto copy_out = [tensor, buf, op, world] { detail::finish_reduction(tensor, buf, op, world); };
+    return launch("all_reduce", {tensor, buf}, copy_out, false, [&](cudaStream_t s) {
+      return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(), ncclFloat32, ncclSum, comm_,
+                           s);
+    });
+  }
+
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
+    check_device("broadcast", {tensor});
+    return launch("broadcast", {tensor}, nullptr, false, [&](cudaStream_t s) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                           nccl_type(tensor.scalar_type()), root, comm_, s);
+    });
+  }
+
+  WorkPtr do_barrier() override {
+    detail::CudaDeviceGuard guard(device_);
+    auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
+    // A barrier is a host-side promise: its wait() blocks until every rank arrived.
+    return launch("barrier", {token}, nullptr, true, [&](cudaStream_t s) {
+      return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm_, s);
+    });
+  }
+
+  std::vector<int> gather_colors(int color) override {
+    detail::CudaDeviceGuard guard(device_);
+    auto opts = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_);
+    auto mine = at::full({1}, color, opts);
+    auto all = at::empty({size()}, opts);
+    all_gather(all, mine)->wait();
+    auto cpu = all.cpu();
+    return std::vector<int>(cpu.data_ptr<int>(), cpu.data_ptr<int>() + size());
+  }
+
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members) override {
+    detail::CudaDeviceGuard guard(device_);
+    ncclComm_t child = nullptr;
+    FSDP_NCCL_CHECK(ncclCommSplit(comm_, color, rank(), &child, nullptr), "split", rank(), size());
+    int child_rank = 0;
+    FSDP_NCCL_CHECK(ncclCommUserRank(child, &child_rank), "split", rank(), size());
+    return std::make_shared<NcclProcessGroup>(child_rank, static_cast<int>(members.size()), device_,
+                                              child);
+  }
+
+ private:
+  static ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+
+  void check_device(const char* op, std::initializer_list<at::Tensor> tensors) const {
+    for (const auto& t : tensors) {
+      FSDP_CHECK_ARG(t.device().index() == device_,
+                     "{}: tensor on {} but this NCCL group drives cuda:{}", op, t.device().str(),
+                     device_);
+    }
+  }
+
+  template <typename Issue>
+  WorkPtr launch(const char* op, std::vector<at::Tensor> tensors, std::function<void()> after,
+                 bool host_blocking, Issue issue) {
+    detail::CudaDeviceGuard guard(device_);
+    cudaStream_t caller = detail::current_cuda_stream(device_);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), op, rank(), size());
+    FSDP_CUDA_CHECK(cudaEventRecord(ready, caller), op, rank(), size());
+    FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0), op, rank(), size());
+    cudaEventDestroy(ready);  // safe: destruction is deferred until the event completes
+    FSDP_NCCL_CHECK(issue(stream_), op, rank(), size());
+    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), op, rank(), size());
+    FSDP_CUDA_CHECK(cudaEventRecord(done, stream_), op, rank(), size());
+    auto work = std::make_shared<NcclWork>(device_, done, comm_, std::move(tensors),
+                                           std::move(after), host_blocking, rank(), size());
+    // Until its event completes the group keeps the Work (and so its tensors) alive, so memory
+    // a caller dropped early is not handed out again while NCCL still reads or writes it.
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!inflight_.empty() && inflight_.front()->is_completed()) inflight_.pop_front();
+    inflight_.push_back(work);
+    return work;
+  }
+
+  int device_;
+  ncclComm_t comm_;
+  cudaStream_t stream_ = nullptr;
+  std::mutex mu_;
+  std::deque<std::shared_ptr<NcclWork>> inflight_;
+};
+
+}  // namespace
+
+bool has_nccl_backend() { return true; }
+
+std::vector<uint8_t> make_nccl_unique_id() {
+  ncclUniqueId id;
+  FSDP_NCCL_CHECK(ncclGetUniqueId(&id), "unique_id", 0, -1);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+  return std::vector<uint8_t>(bytes, bytes + sizeof(id));
+}
+
+ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
+                                const std::vector<uint8_t>& unique_id) {
+  FSDP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
+                 "make_nccl_group: rank {} is not in [0, {})", rank, world_size);
+  FSDP_CHECK_ARG(unique_id.size() == sizeof(ncclUniqueId),
+                 "make_nccl_group: unique_id has {} bytes, expected {}", unique_id.size(),
+                 sizeof(ncclUniqueId));
+  int devices = 0;
+  FSDP_CUDA_CHECK(cudaGetDeviceCount(&devices), "init", rank, world_size);
+  FSDP_CHECK_ARG(device >= 0 && device < devices,
+                 "make_nccl_group: device {} is not in [0, {}) (visible CUDA devices)", device,
+                 devices);
+  detail::CudaDeviceGuard guard(device);
+  ncclUniqueId id;
+  std::memcpy(&id, unique_id.data(), sizeof(id));
+  ncclComm_t comm = nullptr;
+  FSDP_NCCL_CHECK(ncclCommInitRank(&comm, world_size, id, rank), "init", rank, world_size);
+  return std::make_shared<NcclProcessGroup>(rank, world_size, device, comm);
+}
+
+}  // namespace fsdp

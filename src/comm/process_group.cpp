@@ -1,0 +1,180 @@
+#include "fsdp/process_group.h"
+
+#include <algorithm>
+
+#include "fsdp/errors.h"
+
+namespace fsdp {
+namespace {
+
+bool is_supported_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kBFloat16:
+    case at::kHalf:
+    case at::kInt:
+    case at::kLong:
+    case at::kByte:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_floating(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
+
+// True when the byte ranges of a and b intersect.
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  auto a0 = reinterpret_cast<uintptr_t>(a.data_ptr());
+  auto b0 = reinterpret_cast<uintptr_t>(b.data_ptr());
+  auto a1 = a0 + a.nbytes();
+  auto b1 = b0 + b.nbytes();
+  return a0 < b1 && b0 < a1;
+}
+
+}  // namespace
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kBarrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+  FSDP_CHECK_ARG(size >= 1, "process group size must be >= 1, got {}", size);
+  FSDP_CHECK_ARG(rank >= 0 && rank < size, "process group rank must be in [0, {}), got {}", size,
+                 rank);
+}
+
+void ProcessGroup::check_tensor(const char* op, const char* name, const at::Tensor& t) const {
+  FSDP_CHECK_ARG(t.defined(), "{}: {} is an undefined tensor", op, name);
+  FSDP_CHECK_ARG(t.is_contiguous(), "{}: {} must be contiguous (got sizes {}, strides {})", op,
+                 name, fmt::join(t.sizes(), ","), fmt::join(t.strides(), ","));
+  FSDP_CHECK_ARG(is_supported_dtype(t.scalar_type()),
+                 "{}: {} has dtype {}; expected one of float32, float64, bfloat16, float16, "
+                 "int32, int64, uint8",
+                 op, name, c10::toString(t.scalar_type()));
+  FSDP_CHECK_ARG(t.device().type() == device_type(),
+                 "{}: {} is on device {} but the {} process group works on {} tensors", op, name,
+                 t.device().str(), backend_name(), c10::DeviceTypeName(device_type(), true));
+}
+
+void ProcessGroup::count(CollectiveKind kind, const at::Tensor& t) {
+  stats_.calls[static_cast<int>(kind)] += 1;
+  stats_.bytes[static_cast<int>(kind)] += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+}
+
+WorkPtr ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
+  check_tensor("all_gather", "input", input);
+  check_tensor("all_gather", "output", output);
+  FSDP_CHECK_ARG(output.scalar_type() == input.scalar_type(),
+                 "all_gather: output dtype {} differs from input dtype {}",
+                 c10::toString(output.scalar_type()), c10::toString(input.scalar_type()));
+  FSDP_CHECK_ARG(output.device() == input.device(), "all_gather: output on {} but input on {}",
+                 output.device().str(), input.device().str());
+  FSDP_CHECK_ARG(output.numel() == size_ * input.numel(),
+                 "all_gather: output numel must be world size x input numel = {} x {} = {}, got {}",
+                 size_, input.numel(), size_ * input.numel(), output.numel());
+  FSDP_CHECK_ARG(!overlaps(output, input), "all_gather: output and input must not overlap");
+  count(CollectiveKind::kAllGather, input);
+  return do_all_gather(output, input);
+}
+
+WorkPtr ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                     ReduceOp op) {
+  check_tensor("reduce_scatter", "input", input);
+  check_tensor("reduce_scatter", "output", output);
+  FSDP_CHECK_ARG(output.scalar_type() == input.scalar_type(),
+                 "reduce_scatter: output dtype {} differs from input dtype {}",
+                 c10::toString(output.scalar_type()), c10::toString(input.scalar_type()));
+  FSDP_CHECK_ARG(output.device() == input.device(), "reduce_scatter: output on {} but input on {}",
+                 output.device().str(), input.device().str());
+  FSDP_CHECK_ARG(
+      input.numel() == size_ * output.numel(),
+      "reduce_scatter: input numel must be world size x output numel = {} x {} = {}, got {}", size_,
+      output.numel(), size_ * output.numel(), input.numel());
+  FSDP_CHECK_ARG(op != ReduceOp::kAvg || is_floating(input.scalar_type()),
+                 "reduce_scatter: ReduceOp::kAvg needs a floating dtype, got {}",
+                 c10::toString(input.scalar_type()));
+  FSDP_CHECK_ARG(!overlaps(output, input), "reduce_scatter: output and input must not overlap");
+  count(CollectiveKind::kReduceScatter, input);
+  return do_reduce_scatter(output, input, op);
+}
+
+WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  check_tensor("all_reduce", "tensor", tensor);
+  FSDP_CHECK_ARG(op != ReduceOp::kAvg || is_floating(tensor.scalar_type()),
+                 "all_reduce: ReduceOp::kAvg needs a floating dtype, got {}",
+                 c10::toString(tensor.scalar_type()));
+  count(CollectiveKind::kAllReduce, tensor);
+  return do_all_reduce(tensor, op);
+}
+
+WorkPtr ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
+  check_tensor("broadcast", "tensor", tensor);
+  FSDP_CHECK_ARG(root >= 0 && root < size_, "broadcast: root must be in [0, {}), got {}", size_,
+                 root);
+  count(CollectiveKind::kBroadcast, tensor);
+  return do_broadcast(tensor, root);
+}
+
+WorkPtr ProcessGroup::barrier() {
+  count(CollectiveKind::kBarrier, at::Tensor());
+  return do_barrier();
+}
+
+std::vector<int> ProcessGroup::gather_colors(int color) {
+  auto opts = at::TensorOptions().dtype(at::kInt).device(device_type());
+  auto mine = at::full({1}, color, opts);
+  auto all = at::empty({size_}, opts);
+  all_gather(all, mine)->wait();
+  auto cpu = all.cpu();
+  return std::vector<int>(cpu.data_ptr<int>(), cpu.data_ptr<int>() + size_);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color) {
+  FSDP_CHECK_ARG(color >= 0, "split: color must be >= 0, got {}", color);
+  auto colors = gather_colors(color);
+  std::vector<int> members;
+  for (int r = 0; r < size_; ++r) {
+    if (colors[r] == color) members.push_back(r);
+  }
+  return do_split(color, members);
+}
+
+namespace {
+[[noreturn]] void unsupported(const ProcessGroup& pg, const char* op) {
+  throw UnsupportedError(fmt::format("backend {} does not support {}", pg.backend_name(), op));
+}
+}  // namespace
+
+WorkPtr ProcessGroup::do_all_gather(const at::Tensor&, const at::Tensor&) {
+  unsupported(*this, "all_gather");
+}
+WorkPtr ProcessGroup::do_reduce_scatter(const at::Tensor&, const at::Tensor&, ReduceOp) {
+  unsupported(*this, "reduce_scatter");
+}
+WorkPtr ProcessGroup::do_all_reduce(const at::Tensor&, ReduceOp) {
+  unsupported(*this, "all_reduce");
+}
+WorkPtr ProcessGroup::do_broadcast(const at::Tensor&, int) { unsupported(*this, "broadcast"); }
+WorkPtr ProcessGroup::do_barrier() { unsupported(*this, "barrier"); }
+std::shared_ptr<ProcessGroup> ProcessGroup::do_split(int, const std::vector<int>&) {
+  unsupported(*this, "split");
+}
+
+}  // namespace fsdp
