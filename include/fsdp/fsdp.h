@@ -3,7 +3,11 @@
 
 #include "fsdp/backends.h"
 #include "fsdp/errors.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/launch.h"
 #include "fsdp/local_group.h"
+#include "fsdp/memory_stats.h"
+#include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
+#include "fsdp/sharding.h"
 #include "fsdp/work.h"

@@ -21,7 +21,8 @@ struct LocalGroupOptions {
 std::vector<ProcessGroupPtr> make_local_groups(int world_size, LocalGroupOptions options = {});
 
 // Runs body(group) for every rank of a new local world on its own thread, joins them, and
-// rethrows the first exception a rank threw (after all threads finished).
+// rethrows the exception thrown first in time (the cause; the others are usually timeouts it
+// caused), after all threads finished.
 void run_local_ranks(int world_size, const std::function<void(const ProcessGroupPtr&)>& body,
                      LocalGroupOptions options = {});
 

@@ -222,21 +222,22 @@ std::vector<ProcessGroupPtr> make_local_groups(int world_size, LocalGroupOptions
 void run_local_ranks(int world_size, const std::function<void(const ProcessGroupPtr&)>& body,
                      LocalGroupOptions options) {
   auto groups = make_local_groups(world_size, options);
-  std::vector<std::exception_ptr> errors(world_size);
+  // The first error in time is the cause; peers' later errors are usually its echo (timeouts).
+  std::mutex mu;
+  std::exception_ptr first_error;
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       try {
         body(groups[r]);
       } catch (...) {
-        errors[r] = std::current_exception();
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
       }
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace fsdp

@@ -1,0 +1,150 @@
+// fully_shard: FSDP2's per-parameter sharding for libtorch modules.
+//
+//   for (auto& layer : model->layers) fsdp::fully_shard(layer, pg, {mp});
+//   auto sharded = fsdp::fully_shard(model, pg, {mp});      // the root
+//   torch::optim::AdamW opt(sharded->parameters(), ...);    // this rank's shards
+//   auto loss = loss_fn(sharded(tokens)); loss.backward(); opt.step();
+//
+// libtorch modules have no forward hooks, so a unit's forward must be called through
+// fsdp::Unit<Holder>: a thin holder that runs FSDP's pre-forward (gather this unit's
+// parameters), the module's own forward, then post-forward (free them, hook the backward).
+// Before fully_shard is applied, a Unit is a plain pass-through, so the same model class runs
+// unsharded (the single-process reference) and sharded. See docs/design.md.
+//
+// Semantics (FSDP2's, torch/distributed/fsdp/_fully_shard/):
+// - Each parameter is sharded on dim 0 (shard_range: ceil(d0 / N) rows per rank, trailing ranks
+//   fewer or none); parameters() returns the shards, named_parameters() keeps the names, and the
+//   Tensor objects stay the same (set_data), so any libtorch optimizer keeps sharded state.
+// - One communication group per fully_shard call: its parameters minus those of units already
+//   sharded inside it (children are sharded first).
+// - Forward: one all-gather per unit before its forward, in param_dtype; the next unit's
+//   gather is issued before this one computes (forward prefetch, from the previous step's
+//   order). After forward the full parameters are freed unless reshard_after_forward is false
+//   (the root's default).
+// - Backward: a unit whose parameters were freed is gathered again when the gradient reaches
+//   its outputs (and the unit before it is prefetched); once its gradients exist, one
+//   reduce-scatter in reduce_dtype, averaged over ranks, lands in each parameter's grad() in
+//   its original dtype, adding to a gradient already there (accumulation). At the end of
+//   backward all reductions are waited for; units without gradients neither hang nor corrupt.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/memory_stats.h"
+#include "fsdp/mixed_precision.h"
+#include "fsdp/process_group.h"
+
+namespace fsdp {
+
+struct FullyShardOptions {
+  MixedPrecisionPolicy mp_policy;
+  // Free the full parameters after forward and gather them again for backward. Unset: true,
+  // except for the root unit, which keeps them (it is the first to run backward).
+  std::optional<bool> reshard_after_forward;
+};
+
+namespace detail {
+class UnitState;
+
+// The state fully_shard attached to `module`, or null.
+std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module);
+std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
+                                             ProcessGroupPtr pg, FullyShardOptions options);
+void pre_forward(UnitState& state);
+at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input);
+// Casts to output_dtype and hooks the pre-backward; may replace `output`.
+void post_forward_output(UnitState& state, at::Tensor& output);
+void post_forward(UnitState& state);
+void unshard(UnitState& state);
+void reshard(UnitState& state);
+MemoryStats memory_stats(const UnitState& state);
+
+template <typename T>
+decltype(auto) cast_arg(UnitState& state, T&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+    return cast_forward_input(state, arg);
+  } else {
+    return std::forward<T>(arg);
+  }
+}
+
+inline void visit_outputs(UnitState& state, at::Tensor& t) { post_forward_output(state, t); }
+inline void visit_outputs(UnitState& state, std::vector<at::Tensor>& ts) {
+  for (auto& t : ts) post_forward_output(state, t);
+}
+template <typename... T>
+void visit_outputs(UnitState& state, std::tuple<T...>& tuple) {
+  std::apply([&](auto&... elems) { (visit_outputs(state, elems), ...); }, tuple);
+}
+template <typename T>
+void visit_outputs(UnitState&, T&) {}  // non-tensor outputs pass through
+}  // namespace detail
+
+// A module held for FSDP: call it like the module; `->` reaches the module itself.
+template <typename Holder>
+class Unit {
+ public:
+  Unit() = default;
+  Unit(std::nullptr_t) {}                              // NOLINT: mirrors ModuleHolder
+  Unit(Holder holder) : holder_(std::move(holder)) {}  // NOLINT: implicit, like a holder
+  // From register_module's result, so `units.push_back(register_module("b", Block(...)))`.
+  Unit(std::shared_ptr<typename Holder::ContainedType> impl)  // NOLINT: implicit
+      : holder_(std::move(impl)) {}
+
+  auto* operator->() { return holder_.get(); }
+  const auto* operator->() const { return holder_.get(); }
+  Holder& module() { return holder_; }
+  const Holder& module() const { return holder_; }
+  bool is_sharded() const { return detail::find_unit_state(holder_.get()) != nullptr; }
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    auto state = detail::find_unit_state(holder_.get());
+    if (!state) return holder_->forward(std::forward<Args>(args)...);
+    detail::pre_forward(*state);
+    auto out = holder_->forward(detail::cast_arg(*state, std::forward<Args>(args))...);
+    detail::visit_outputs(*state, out);
+    detail::post_forward(*state);
+    return out;
+  }
+
+  // Gathers this unit's full parameters now (blocking), as FSDP2's FSDPModule.unshard(); they
+  // stay until reshard() (or the end of the next backward).
+  void unshard() { detail::unshard(*required_state()); }
+  void reshard() { detail::reshard(*required_state()); }
+  // This rank's accounting for the unit and every unit inside it.
+  MemoryStats memory_stats() const { return detail::memory_stats(*required_state()); }
+
+ private:
+  std::shared_ptr<detail::UnitState> required_state() const;
+  Holder holder_{nullptr};
+};
+
+// Shards `holder`'s parameters over `pg` (see the file comment) and returns it as a Unit.
+// Throws InvalidArgument, before touching any parameter, when: the module was already sharded,
+// a child unit is sharded after its parent, its parameters mix dtypes, one is a scalar, a
+// parameter is not on pg's device type or not floating. A unit left with no parameters of its
+// own (all inside child units) is fine: it only coordinates.
+template <typename Holder>
+Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions options = {}) {
+  detail::create_unit_state(holder.ptr(), std::move(pg), std::move(options));
+  return Unit<Holder>(std::move(holder));
+}
+
+[[noreturn]] void throw_not_sharded(const char* what);
+
+template <typename Holder>
+std::shared_ptr<detail::UnitState> Unit<Holder>::required_state() const {
+  auto state = detail::find_unit_state(holder_.get());
+  if (!state) throw_not_sharded("Unit::unshard/reshard/memory_stats");
+  return state;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,126 @@
+#include "runtime/fsdp_param.h"
+
+#include <torch/csrc/autograd/function.h>
+
+namespace fsdp::detail {
+
+FsdpParam::FsdpParam(std::string name, at::Tensor param, int rank, int world,
+                     at::ScalarType compute_dtype)
+    : name_(std::move(name)), param_(std::move(param)) {
+  at::NoGradGuard no_grad;
+  full_shape_ = param_.sizes().vec();
+  row_numel_ = 1;
+  for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
+  range_ = shard_range(full_shape_[0], world, rank);
+  shard_ = param_.detach().narrow(0, range_.begin, range_.rows()).clone().contiguous();
+  full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
+  full_nbytes_ = static_cast<int64_t>(full_.nbytes());
+  // The full tensor starts without bytes; gathers allocate them.
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+  param_.set_data(shard_);
+}
+
+void FsdpParam::allocate_full(Accounting& acct) {
+  if (full_allocated_) return;
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr(storage->allocator()->allocate(full_nbytes_));
+  storage->set_nbytes(full_nbytes_);
+  full_allocated_ = true;
+  acct.add_full(full_nbytes_);
+}
+
+void FsdpParam::release_full(Accounting& acct) {
+  if (!full_allocated_) return;
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  // Dropping the DataPtr frees the bytes; views autograd saved keep the (now empty) storage.
+  storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+  full_allocated_ = false;
+  acct.add_full(-full_nbytes_);
+}
+
+void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
+  if (shard_.numel() == 0) return;
+  dst.narrow(0, 0, shard_.numel()).copy_(shard_.view(-1));
+}
+
+void FsdpParam::copy_full_from(const at::Tensor& gathered, const std::vector<ShardRange>& ranges,
+                               Accounting& acct) {
+  allocate_full(acct);
+  at::NoGradGuard no_grad;
+  auto full_rows = full_.view({full_shape_[0], row_numel_});
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    int64_t rows = ranges[r].rows();
+    if (rows == 0) continue;
+    full_rows.narrow(0, ranges[r].begin, rows)
+        .copy_(gathered[r].narrow(0, 0, rows * row_numel_).view({rows, row_numel_}));
+  }
+}
+
+void FsdpParam::use_full() {
+  if (holds_full_) return;
+  grad_stash_ = param_.grad();
+  param_.mutable_grad() = at::Tensor();
+  param_.set_data(full_);
+  holds_full_ = true;
+}
+
+void FsdpParam::use_shard(Accounting& acct) {
+  if (holds_full_) {
+    param_.set_data(shard_);
+    param_.mutable_grad() = grad_stash_;
+    grad_stash_ = at::Tensor();
+    holds_full_ = false;
+  }
+  release_full(acct);
+}
+
+bool FsdpParam::take_full_grad_into(const at::Tensor& dst, const std::vector<ShardRange>& ranges) {
+  if (!holds_full_) return false;
+  at::Tensor grad = param_.grad();
+  if (!grad.defined()) return false;
+  param_.mutable_grad() = at::Tensor();
+  at::NoGradGuard no_grad;
+  auto grad_rows = grad.reshape({full_shape_[0], row_numel_});
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    int64_t rows = ranges[r].rows();
+    if (rows == 0) continue;
+    dst[r]
+        .narrow(0, 0, rows * row_numel_)
+        .view({rows, row_numel_})
+        .copy_(grad_rows.narrow(0, ranges[r].begin, rows));
+  }
+  return true;
+}
+
+void FsdpParam::accumulate_shard_grad(const at::Tensor& reduced) {
+  at::NoGradGuard no_grad;
+  auto g = reduced.narrow(0, 0, shard_.numel()).view(shard_.sizes());
+  at::Tensor& slot = holds_full_ ? grad_stash_ : param_.mutable_grad();
+  if (slot.defined()) {
+    slot.add_(g);
+  } else {
+    // Always a fresh tensor: `reduced` views a communication buffer about to be freed, and
+    // optimizers detach_() grads, which views do not allow.
+    slot = g.to(orig_dtype(), /*non_blocking=*/false, /*copy=*/true);
+  }
+}
+
+int64_t FsdpParam::sharded_grad_bytes() const {
+  const at::Tensor& g = holds_full_ ? grad_stash_ : param_.grad();
+  return g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
+}
+
+bool FsdpParam::hooked(const std::shared_ptr<torch::autograd::Node>& node) const {
+  auto current = hooked_.lock();
+  return current && current.get() == node.get();
+}
+
+void FsdpParam::set_hooked(std::shared_ptr<torch::autograd::Node> node) {
+  hooked_ = node;
+  hooked_strong_ = std::move(node);
+}
+
+}  // namespace fsdp::detail

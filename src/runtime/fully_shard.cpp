@@ -1,0 +1,132 @@
+// fully_shard's entry points: argument checks, the registry that maps a module to its unit
+// state, and the functions Unit<Holder> calls around a forward.
+#include "fsdp/fully_shard.h"
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/errors.h"
+#include "runtime/unit_state.h"
+
+namespace fsdp {
+namespace detail {
+namespace {
+
+// Module -> state. Entries whose module died are dropped when met, so a new module at a
+// recycled address never sees a stale state.
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const torch::nn::Module*, std::shared_ptr<UnitState>> states;
+  // Parameters (by TensorImpl) that some unit already shards.
+  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<UnitState>> owned;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::shared_ptr<UnitState> lookup_locked(Registry& r, const torch::nn::Module* m) {
+  auto it = r.states.find(m);
+  if (it == r.states.end()) return nullptr;
+  if (!it->second->module_is(m)) {
+    r.states.erase(it);
+    return nullptr;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module) {
+  if (!module) return nullptr;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return lookup_locked(r, module);
+}
+
+std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
+                                             ProcessGroupPtr pg, FullyShardOptions options) {
+  FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
+  FSDP_CHECK_ARG(pg != nullptr, "fully_shard: the process group is null");
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  FSDP_CHECK_ARG(!lookup_locked(r, module.get()),
+                 "fully_shard: {} was already sharded; call fully_shard once per module",
+                 module->name());
+
+  // Units already sharded inside this module become its children; their parameters are theirs.
+  std::vector<std::shared_ptr<UnitState>> children;
+  std::unordered_set<const UnitState*> inside;
+  for (const auto& sub : module->modules(/*include_self=*/false)) {
+    if (auto s = lookup_locked(r, sub.get())) {
+      inside.insert(s.get());
+      if (!s->has_parent()) children.push_back(s);
+    }
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    auto owner = r.owned.find(p.unsafeGetTensorImpl());
+    if (owner != r.owned.end()) {
+      auto s = owner->second.lock();
+      if (s && inside.count(s.get())) continue;  // a child's parameter
+      if (s) {
+        throw InvalidArgument(fmt::format(
+            "fully_shard: parameter '{}' of {} already belongs to another fully_shard unit "
+            "that is not inside this module; shard inner modules before the modules that "
+            "contain them, and do not share parameters between units",
+            item.key(), module->name()));
+      }
+    }
+    FSDP_CHECK_ARG(p.dim() >= 1,
+                   "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
+                   "give it shape [1]",
+                   item.key());
+    FSDP_CHECK_ARG(p.device().type() == pg->device_type(),
+                   "fully_shard: parameter '{}' is on {} but the {} process group works on {} "
+                   "tensors",
+                   item.key(), p.device().str(), pg->backend_name(),
+                   c10::DeviceTypeName(pg->device_type(), true));
+    FSDP_CHECK_ARG(p.is_floating_point(),
+                   "fully_shard: parameter '{}' has dtype {}; expected a "
+                   "floating dtype",
+                   item.key(), c10::toString(p.scalar_type()));
+    if (!params.empty()) {
+      FSDP_CHECK_ARG(p.scalar_type() == params.front().second.scalar_type(),
+                     "fully_shard: {} mixes parameter dtypes ('{}' is {}, '{}' is {}); one "
+                     "unit is one communication buffer of one dtype: shard them in separate "
+                     "units",
+                     module->name(), params.front().first,
+                     c10::toString(params.front().second.scalar_type()), item.key(),
+                     c10::toString(p.scalar_type()));
+    }
+    params.emplace_back(item.key(), p);
+  }
+
+  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(options), params);
+  for (auto& c : children) state->adopt(c);
+  for (auto& [name, p] : params) r.owned[p.unsafeGetTensorImpl()] = state;
+  r.states[module.get()] = state;
+  return state;
+}
+
+void pre_forward(UnitState& state) { state.pre_forward(); }
+at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input) {
+  return state.cast_input(input);
+}
+void post_forward_output(UnitState& state, at::Tensor& output) { state.hook_output(output); }
+void post_forward(UnitState& state) { state.post_forward(); }
+void unshard(UnitState& state) { state.unshard(); }
+void reshard(UnitState& state) { state.reshard(); }
+MemoryStats memory_stats(const UnitState& state) { return state.memory_stats(); }
+
+}  // namespace detail
+
+void throw_not_sharded(const char* what) {
+  throw InvalidArgument(fmt::format("{}: fully_shard was not applied to this module", what));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,79 @@
+// Internal: the parameters of one fully_shard call and their collectives: one all-gather to
+// unshard them all (copy-in, all-gather, copy-out) and one reduce-scatter for their gradients
+// (copy-in, reduce-scatter, accumulate into the sharded grads). FSDP2's FSDPParamGroup.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/mixed_precision.h"
+#include "fsdp/process_group.h"
+#include "runtime/accounting.h"
+#include "runtime/fsdp_param.h"
+
+namespace fsdp::detail {
+
+class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
+ public:
+  ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroupPtr pg,
+             MixedPrecisionPolicy mp);
+
+  // Issues the all-gather unless the parameters are full or a gather is in flight.
+  void unshard_async(Accounting& acct);
+  // Completes an issued gather (issuing one if needed) and points parameters at full tensors.
+  void wait_unshard(Accounting& acct);
+  // Points parameters back at their shards and frees the full tensors (waits out a gather
+  // still in flight first).
+  void reshard(Accounting& acct);
+  bool is_full() const { return state_ == State::kFull; }
+
+  // Hooks autograd's gradient accumulators of the current full parameters, so that the group
+  // learns when all its gradients exist: on_grad(index) runs after each accumulation.
+  void arm_grad_hooks(const std::function<void(size_t)>& on_grad);
+  // Called by the hooks: when every parameter that requires grad has its gradient, runs
+  // post_backward() at once.
+  void on_grad_ready(size_t index, Accounting& acct);
+  // Copies the full gradients into a buffer, frees them, reshards, issues the reduce-scatter.
+  // At most once per backward; a no-op when no parameter got a gradient.
+  void post_backward(Accounting& acct);
+  // Waits for the reduce-scatter and adds each rank's rows into the sharded grads.
+  void finish_backward(Accounting& acct);
+
+  const std::vector<FsdpParam>& params() const { return params_; }
+  std::vector<FsdpParam>& params() { return params_; }
+  const ProcessGroupPtr& pg() const { return pg_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+
+ private:
+  enum class State { kSharded, kGathering, kFull };
+
+  ProcessGroupPtr pg_;
+  MixedPrecisionPolicy mp_;
+  at::ScalarType compute_dtype_;
+  at::ScalarType reduce_dtype_;
+  std::vector<FsdpParam> params_;
+  int64_t padded_total_ = 0;            // per-rank elements of the gather layout
+  std::vector<int64_t> gather_offset_;  // per param
+  int64_t reduce_total_ = 0;            // per-rank elements of the reduce layout
+  std::vector<int64_t> reduce_offset_;  // per param; -1 when it requires no grad
+  bool needs_padding_ = false;
+
+  State state_ = State::kSharded;
+  WorkPtr gather_work_;
+  at::Tensor gather_in_, gather_out_;
+
+  std::vector<bool> grad_ready_;
+  size_t grads_expected_ = 0, grads_seen_ = 0;
+  bool reduced_this_backward_ = false;
+  WorkPtr reduce_work_;
+  at::Tensor reduce_in_, reduce_out_;
+  std::vector<bool> reduced_has_grad_;
+
+  // Rows per rank of each parameter, for copy-in/out.
+  std::vector<std::vector<ShardRange>> ranges_;
+};
+
+}  // namespace fsdp::detail

@@ -1,0 +1,191 @@
+#include "train_harness.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+namespace fsdp::testing {
+
+TinyLMImpl::TinyLMImpl(const TinyConfig& c) {
+  embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
+  for (int64_t i = 0; i < c.layers; ++i) {
+    layers.push_back(
+        register_module("layer" + std::to_string(i), minillm::TransformerBlock(c.dim, c.heads)));
+  }
+  head = register_module("head",
+                         torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.classes).bias(false)));
+}
+
+torch::Tensor TinyLMImpl::forward(const torch::Tensor& tokens) {
+  auto x = embed(tokens);
+  for (auto& layer : layers) x = layer(x);
+  return head(x);
+}
+
+TinyLM build_model(const TrainSpec& spec) {
+  // Thread ranks share libtorch's global generator: build one model at a time.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  torch::manual_seed(spec.seed);
+  TinyLM model(spec.model);
+  if (spec.edit_model) spec.edit_model(model);
+  return model;
+}
+
+std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step) {
+  auto gen = at::detail::createCPUGenerator(spec.seed * 1000 + step);
+  auto tokens = at::randint(spec.model.vocab, {spec.batch, spec.seq}, gen, at::kLong);
+  auto targets = at::randint(spec.model.classes, {spec.batch, spec.seq}, gen, at::kLong);
+  return {tokens, targets};
+}
+
+namespace {
+
+at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets, int64_t classes) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, classes}), targets.reshape(-1));
+}
+
+torch::optim::AdamW make_optimizer(std::vector<at::Tensor> params, const TrainSpec& spec) {
+  return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(spec.lr));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> snapshot(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : m.named_parameters()) {
+    out.emplace_back(item.key(), item.value().detach().clone().to(at::kFloat));
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainResult train_reference(const TrainSpec& spec, int slices) {
+  TrainResult result;
+  auto master = build_model(spec);
+  auto opt = make_optimizer(master->parameters(), spec);
+  const bool mixed = spec.mp.param_dtype.has_value();
+  TinyLM compute = mixed ? build_model(spec) : master;
+  if (mixed) compute->to(*spec.mp.param_dtype);
+  const int64_t local = spec.batch / slices;
+  for (int step = 0; step < spec.steps; ++step) {
+    auto [tokens, targets] = global_batch(spec, step);
+    opt.zero_grad();
+    if (mixed) {
+      torch::NoGradGuard no_grad;
+      auto src = master->parameters();
+      auto dst = compute->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    // One process accumulating the slices' gradients: mathematically the global-batch
+    // gradient, computed in the data-parallel order (slice means, then their average).
+    std::vector<at::Tensor> grads;
+    double loss_sum = 0;
+    for (int s = 0; s < slices; ++s) {
+      auto loss = loss_of(compute(tokens.narrow(0, s * local, local)),
+                          targets.narrow(0, s * local, local), spec.model.classes);
+      loss.backward();
+      loss_sum += loss.item<double>();
+      auto params = compute->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        at::Tensor g = params[i].grad().defined() ? params[i].grad().to(at::kFloat)
+                                                  : at::zeros_like(params[i], at::kFloat);
+        if (s == 0)
+          grads.push_back(g.clone());
+        else
+          grads[i].add_(g);
+        params[i].mutable_grad() = at::Tensor();
+      }
+    }
+    auto params = master->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].requires_grad()) params[i].mutable_grad() = grads[i].div_(slices);
+    }
+    opt.step();
+    result.losses.push_back(loss_sum / slices);
+  }
+  result.params = snapshot(*master);
+  return result;
+}
+
+at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0) {
+  int world = pg->size();
+  auto range = shard_range(full_dim0, world, pg->rank());
+  auto row_shape = shard.sizes().vec();
+  row_shape[0] = range.rows_per_rank;
+  auto padded = at::zeros(row_shape, shard.options());
+  if (shard.numel() > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard.detach());
+  auto all_shape = row_shape;
+  all_shape[0] = range.rows_per_rank * world;
+  auto all = at::empty(all_shape, shard.options());
+  pg->all_gather(all, padded)->wait();
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world; ++r) {
+    auto rr = shard_range(full_dim0, world, r);
+    parts.push_back(all.narrow(0, r * range.rows_per_rank, rr.rows()));
+  }
+  return at::cat(parts);
+}
+
+TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
+  TrainResult result;
+  auto model = build_model(spec);
+  std::vector<int64_t> dim0;
+  for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
+
+  FullyShardOptions options{spec.mp, spec.reshard_after_forward};
+  for (auto& layer : model->layers) fully_shard(layer.module(), pg, options);
+  auto root = fully_shard(model, pg, options);
+  auto opt = make_optimizer(root->parameters(), spec);
+
+  int world = pg->size();
+  int64_t local = spec.batch / world;
+  for (int step = 0; step < spec.steps; ++step) {
+    auto [tokens, targets] = global_batch(spec, step);
+    auto my_tokens = tokens.narrow(0, pg->rank() * local, local);
+    auto my_targets = targets.narrow(0, pg->rank() * local, local);
+    opt.zero_grad();
+    auto loss = loss_of(root(my_tokens), my_targets, spec.model.classes);
+    loss.backward();
+    opt.step();
+    auto global = loss.detach().to(at::kFloat).reshape({1}).clone();
+    pg->all_reduce(global, ReduceOp::kAvg)->wait();
+    result.losses.push_back(global.item<double>());
+  }
+  size_t i = 0;
+  for (const auto& item : model->named_parameters()) {
+    result.params.emplace_back(item.key(), gather_full(pg, item.value(), dim0[i++]).to(at::kFloat));
+  }
+  return result;
+}
+
+double max_rel_param_error(const TrainResult& got, const TrainResult& want) {
+  double worst = 0;
+  if (got.params.size() != want.params.size()) return 1e9;
+  for (size_t i = 0; i < got.params.size(); ++i) {
+    const auto& a = got.params[i].second;
+    const auto& b = want.params[i].second;
+    if (got.params[i].first != want.params[i].first || !a.sizes().equals(b.sizes())) return 1e9;
+    double scale = std::max(b.abs().max().item<double>(), 1e-12);
+    double err = (a - b).abs().max().item<double>() / scale;
+    if (std::isnan(err)) return std::numeric_limits<double>::infinity();
+    if (std::getenv("FSDP_TEST_VERBOSE")) std::cout << got.params[i].first << " " << err << "\n";
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+double max_rel_loss_error(const TrainResult& got, const TrainResult& want) {
+  double worst = 0;
+  if (got.losses.size() != want.losses.size()) return 1e9;
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    double err =
+        std::abs(got.losses[i] - want.losses[i]) / std::max(std::abs(want.losses[i]), 1e-12);
+    if (std::isnan(err)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+}  // namespace fsdp::testing

@@ -1,0 +1,80 @@
+// Training runs for equivalence tests: the same model, seed and global batch trained once in
+// a single process without FSDP (the reference) and once sharded over a process group, each
+// rank training on its slice of every global batch.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/fsdp.h"
+#include "model.h"
+
+namespace fsdp::testing {
+
+// A MiniLLM-shaped model whose sizes divide by nothing: vocab 1001, dim 60, 3 output classes.
+struct TinyConfig {
+  int64_t vocab = 1001;
+  int64_t dim = 60;
+  int64_t heads = 4;
+  int64_t layers = 2;
+  int64_t classes = 3;
+};
+
+class TinyLMImpl : public torch::nn::Module {
+ public:
+  explicit TinyLMImpl(const TinyConfig& c);
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  torch::nn::Embedding embed{nullptr};
+  std::vector<Unit<minillm::TransformerBlock>> layers;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TinyLM);
+
+struct TrainSpec {
+  TinyConfig model;
+  int steps = 10;
+  int64_t batch = 12;  // global: divides by 1, 2, 3 and 4
+  int64_t seq = 5;
+  double lr = 1e-2;
+  uint64_t seed = 1234;
+  MixedPrecisionPolicy mp;
+  std::optional<bool> reshard_after_forward;
+  // Applied to the freshly built model, before sharding (e.g. freezing parameters).
+  std::function<void(TinyLM&)> edit_model;
+};
+
+struct TrainResult {
+  std::vector<double> losses;                              // global mean loss per step
+  std::vector<std::pair<std::string, at::Tensor>> params;  // full fp32 parameters at the end
+};
+
+// The same initial parameters on every thread and process for a given seed.
+TinyLM build_model(const TrainSpec& spec);
+// Global batch of `step`: tokens [batch, seq] and class targets [batch, seq].
+std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step);
+
+// Single process, no FSDP: each step runs forward/backward on `slices` equal slices of the
+// global batch and steps AdamW on the average of their gradients, the order of operations
+// data parallelism uses (slices = 1 is plain full-batch training). With spec.mp.param_dtype
+// set it applies FSDP's casts by hand: an fp32 master copy steps AdamW, a compute copy in
+// param_dtype runs forward and backward, gradients are averaged in fp32.
+TrainResult train_reference(const TrainSpec& spec, int slices);
+
+// This rank's part of a sharded run over `pg` (every rank must call it). Also returns the
+// units' collective counters through `on_step` when given.
+TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg);
+
+// max |a - b| / max(|b|, 1e-12) over all elements of matching parameters, and of losses.
+double max_rel_param_error(const TrainResult& got, const TrainResult& want);
+double max_rel_loss_error(const TrainResult& got, const TrainResult& want);
+
+// The full tensor of a parameter sharded by fully_shard (rows of every rank), from its shard.
+at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0);
+
+}  // namespace fsdp::testing
