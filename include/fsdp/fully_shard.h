@@ -128,6 +128,8 @@ class Unit {
 };
 
 // Shards `holder`'s parameters over `pg` (see the file comment) and returns it as a Unit.
+// The module keeps its FSDP state in a parameterless child module named "fsdp_state", so the
+// state lives as long as the module does.
 // Throws InvalidArgument, before touching any parameter, when: the module was already sharded,
 // a child unit is sharded after its parent, its parameters mix dtypes, one is a scalar, a
 // parameter is not on pg's device type or not floating. A unit left with no parameters of its

@@ -13,11 +13,23 @@ namespace fsdp {
 namespace detail {
 namespace {
 
-// Module -> state. Entries whose module died are dropped when met, so a new module at a
-// recycled address never sees a stale state.
+// The module owns its state through a parameterless child module, so the state (and the
+// process group it holds) lives exactly as long as the module: no global keeps an MPI or NCCL
+// communicator alive past the model. The registry only finds states, by module address;
+// entries whose module died are dropped when met, so a recycled address never sees a stale one.
+class StateHolderImpl : public torch::nn::Module {
+ public:
+  explicit StateHolderImpl(std::shared_ptr<UnitState> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<UnitState> state_;
+};
+
+constexpr const char* kStateHolderName = "fsdp_state";
+
 struct Registry {
   std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::shared_ptr<UnitState>> states;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<UnitState>> states;
   // Parameters (by TensorImpl) that some unit already shards.
   std::unordered_map<const c10::TensorImpl*, std::weak_ptr<UnitState>> owned;
 };
@@ -30,11 +42,12 @@ Registry& registry() {
 std::shared_ptr<UnitState> lookup_locked(Registry& r, const torch::nn::Module* m) {
   auto it = r.states.find(m);
   if (it == r.states.end()) return nullptr;
-  if (!it->second->module_is(m)) {
+  auto state = it->second.lock();
+  if (!state || !state->module_is(m)) {
     r.states.erase(it);
     return nullptr;
   }
-  return it->second;
+  return state;
 }
 
 }  // namespace
@@ -110,6 +123,7 @@ std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Mo
   for (auto& c : children) state->adopt(c);
   for (auto& [name, p] : params) r.owned[p.unsafeGetTensorImpl()] = state;
   r.states[module.get()] = state;
+  module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
   return state;
 }
 

@@ -117,7 +117,10 @@ void ParamGroup::arm_grad_hooks(const std::function<void(size_t)>& on_grad) {
 void ParamGroup::on_grad_ready(size_t index, Accounting& acct) {
   if (index >= grad_ready_.size() || grad_ready_[index]) return;
   grad_ready_[index] = true;
-  if (++grads_seen_ == grads_expected_) post_backward(acct);
+  // All gradients present is the end of this unit's backward only when every parameter takes
+  // a gradient: a frozen weight may still be read to compute input gradients after that (the
+  // post-backward function on the unit's inputs covers that case).
+  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size()) post_backward(acct);
 }
 
 void ParamGroup::post_backward(Accounting& acct) {

@@ -33,8 +33,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // Hooks autograd's gradient accumulators of the current full parameters, so that the group
   // learns when all its gradients exist: on_grad(index) runs after each accumulation.
   void arm_grad_hooks(const std::function<void(size_t)>& on_grad);
-  // Called by the hooks: when every parameter that requires grad has its gradient, runs
-  // post_backward() at once.
+  // Called by the hooks: when every parameter has its gradient (and none is frozen), runs
+  // post_backward() at once, before the gradient reaches the unit's inputs.
   void on_grad_ready(size_t index, Accounting& acct);
   // Copies the full gradients into a buffer, frees them, reshards, issues the reduce-scatter.
   // At most once per backward; a no-op when no parameter got a gradient.

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fsdp/errors.h"
+#include "runtime/post_backward_function.h"
 
 namespace fsdp::detail {
 
@@ -35,10 +36,10 @@ UnitState& UnitState::root() const {
   return *r;
 }
 
-std::vector<std::shared_ptr<UnitState>> UnitState::collect_tree() {
-  std::vector<std::shared_ptr<UnitState>> out{shared_from_this()};
+std::vector<UnitState*> UnitState::collect_tree() {
+  std::vector<UnitState*> out{this};
   for (size_t i = 0; i < out.size(); ++i) {
-    for (auto& c : out[i]->children_) out.push_back(c);
+    for (auto& c : out[i]->children_) out.push_back(c.get());
   }
   return out;
 }
@@ -46,7 +47,7 @@ std::vector<std::shared_ptr<UnitState>> UnitState::collect_tree() {
 void UnitState::lazy_init() {
   tree_ = collect_tree();
   int world = group_->pg()->size();
-  for (auto& s : tree_) {
+  for (UnitState* s : tree_) {
     if (s->group_->pg()->size() != world) {
       throw InvalidArgument(fmt::format(
           "fsdp: units of one root must share a world size: the root's group has {} ranks, an "
@@ -87,15 +88,30 @@ void UnitState::pre_forward() {
     if (next != this) next->group_->unshard_async(*acct_);
   }
   pre_backward_done_ = false;
+  inputs_wrapped_ = inputs_grad_seen_ = 0;
 }
 
-at::Tensor UnitState::cast_input(const at::Tensor& input) const {
+at::Tensor UnitState::cast_input(const at::Tensor& input) {
+  if (!input.defined()) return input;
+  at::Tensor x = input;
   const auto& mp = options_.mp_policy;
-  if (!mp.cast_forward_inputs || !mp.param_dtype || !input.defined() ||
-      !input.is_floating_point() || input.scalar_type() == *mp.param_dtype) {
-    return input;
+  if (mp.cast_forward_inputs && mp.param_dtype && x.is_floating_point() &&
+      x.scalar_type() != *mp.param_dtype) {
+    x = x.to(*mp.param_dtype);
   }
-  return input.to(*mp.param_dtype);
+  if (at::GradMode::is_enabled() && x.requires_grad()) {
+    ++inputs_wrapped_;
+    auto self = weak_from_this();
+    x = attach_post_backward(x, [self] {
+      if (auto s = self.lock()) s->on_input_grad();
+    });
+  }
+  return x;
+}
+
+void UnitState::on_input_grad() {
+  // Gradients reached this unit's inputs: its backward is over.
+  if (++inputs_grad_seen_ == inputs_wrapped_) group_->post_backward(*acct_);
 }
 
 void UnitState::hook_output(at::Tensor& output) {
@@ -155,6 +171,7 @@ void UnitState::final_callback() {
   for (auto& s : tree_) {
     s->group_->reshard(*acct_);
     s->pre_backward_done_ = false;
+    s->inputs_grad_seen_ = 0;
   }
   callback_queued_ = false;
 }

@@ -27,7 +27,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void adopt(const std::shared_ptr<UnitState>& child);
 
   void pre_forward();
-  at::Tensor cast_input(const at::Tensor& input) const;
+  // Casts to param_dtype and attaches the post-backward function.
+  at::Tensor cast_input(const at::Tensor& input);
+  void on_input_grad();
   void hook_output(at::Tensor& output);
   void post_forward();
   void pre_backward();
@@ -42,8 +44,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void ensure_final_callback();
   void final_callback();
   bool reshard_after_forward() const;
-  // Every unit of this root's tree, this one first, in a deterministic order.
-  std::vector<std::shared_ptr<UnitState>> collect_tree();
+  // Every unit of this root's tree, this one first, in a deterministic order. Raw pointers:
+  // children_ owns the others, and a strong self-reference would keep the tree alive forever.
+  std::vector<UnitState*> collect_tree();
 
   std::weak_ptr<torch::nn::Module> module_;
   const torch::nn::Module* module_raw_;
@@ -55,10 +58,11 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<std::shared_ptr<UnitState>> children_;
   bool pre_backward_done_ = false;
   int post_forward_index_ = -1;
+  int inputs_wrapped_ = 0, inputs_grad_seen_ = 0;
 
   // Root only.
   bool initialised_ = false;
-  std::vector<std::shared_ptr<UnitState>> tree_;
+  std::vector<UnitState*> tree_;
   std::vector<UnitState*> forward_order_, last_forward_order_;
   std::vector<UnitState*> post_forward_order_;
   bool callback_queued_ = false;
