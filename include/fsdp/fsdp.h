@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fsdp/backends.h"
+#include "fsdp/device_memory.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/launch.h"

@@ -1,4 +1,4 @@
-// Per-rank memory accounting of FSDP units.
+// Per-rank accounting of FSDP units: memory and exposed communication time.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,9 @@ struct MemoryStats {
   int64_t peak_full_param_bytes = 0;
   int64_t comm_buffer_bytes = 0;  // all-gather and reduce-scatter buffers alive now
   int64_t peak_comm_buffer_bytes = 0;
+  // Seconds the training thread waited for collectives since the units were created: the
+  // communication that compute did not hide. Not memory, but counted in the same place.
+  double exposed_comm_seconds = 0;
 };
 
 }  // namespace fsdp

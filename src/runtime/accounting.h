@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 
 namespace fsdp::detail {
@@ -12,6 +13,8 @@ struct Accounting {
   int64_t peak_full_bytes = 0;
   int64_t comm_bytes = 0;
   int64_t peak_comm_bytes = 0;
+  // Time the compute thread spent blocked waiting for collectives: exposed communication.
+  double exposed_comm_seconds = 0;
 
   void add_full(int64_t n) {
     full_bytes += n;
@@ -21,6 +24,23 @@ struct Accounting {
     comm_bytes += n;
     peak_comm_bytes = std::max(peak_comm_bytes, comm_bytes);
   }
+};
+
+// Adds the lifetime of the scope to Accounting::exposed_comm_seconds.
+class ExposedCommTimer {
+ public:
+  explicit ExposedCommTimer(Accounting& acct)
+      : acct_(acct), start_(std::chrono::steady_clock::now()) {}
+  ~ExposedCommTimer() {
+    acct_.exposed_comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  ExposedCommTimer(const ExposedCommTimer&) = delete;
+  ExposedCommTimer& operator=(const ExposedCommTimer&) = delete;
+
+ private:
+  Accounting& acct_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace fsdp::detail

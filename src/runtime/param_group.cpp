@@ -76,7 +76,10 @@ void ParamGroup::wait_unshard(Accounting& acct) {
   }
   if (state_ == State::kFull) return;
   if (state_ == State::kSharded) unshard_async(acct);
-  gather_work_->wait();
+  {
+    ExposedCommTimer timer(acct);
+    gather_work_->wait();
+  }
   auto per_rank = gather_out_.view({pg_->size(), padded_total_});
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].copy_full_from(per_rank.narrow(1, gather_offset_[i], params_[i].padded_numel()),
@@ -154,7 +157,10 @@ void ParamGroup::post_backward(Accounting& acct) {
 
 void ParamGroup::finish_backward(Accounting& acct) {
   if (reduce_work_) {
-    reduce_work_->wait();
+    {
+      ExposedCommTimer timer(acct);
+      reduce_work_->wait();
+    }
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!reduced_has_grad_[i]) continue;
       params_[i].accumulate_shard_grad(

@@ -197,6 +197,7 @@ MemoryStats UnitState::memory_stats() const {
   m.peak_full_param_bytes = acct_->peak_full_bytes;
   m.comm_buffer_bytes = acct_->comm_bytes;
   m.peak_comm_buffer_bytes = acct_->peak_comm_bytes;
+  m.exposed_comm_seconds = acct_->exposed_comm_seconds;
   return m;
 }
 

@@ -1,0 +1,127 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <map>
+
+namespace minillm {
+namespace {
+
+struct Preset {
+  Config model;
+  int64_t seq;
+  int64_t batch_per_rank;
+  int steps;
+};
+
+// "reference" is the PyTorch FSDP2 example's size (py_minillm.py); "cpu-small" runs 20 steps
+// on 2 CPU ranks in about a minute.
+const std::map<std::string, Preset>& presets() {
+  static const std::map<std::string, Preset> p = {
+      {"cpu-small", {{32000, 256, 4, 8}, 128, 4, 20}},
+      {"reference", {{32000, 2048, 12, 16}, 1024, 8, 20}},
+  };
+  return p;
+}
+
+std::string check(const Options& o, int world_size) {
+  auto positive = [](int64_t v, const char* flag) -> std::string {
+    return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
+  };
+  for (auto err : {positive(o.model.vocab, "--vocab"), positive(o.model.dim, "--dim"),
+                   positive(o.model.layers, "--layers"), positive(o.model.heads, "--heads"),
+                   positive(o.seq, "--seq"), positive(o.batch, "--batch"),
+                   positive(o.steps, "--steps")}) {
+    if (!err.empty()) return err;
+  }
+  if (o.model.dim % o.model.heads != 0) {
+    return fmt::format("--heads must divide --dim: {} heads do not divide dim {}", o.model.heads,
+                       o.model.dim);
+  }
+  if (o.batch % world_size != 0) {
+    return fmt::format(
+        "--batch is the global batch in sequences and must split evenly over the {} ranks: "
+        "{} does not divide by {} (use a multiple of {})",
+        world_size, o.batch, world_size, world_size);
+  }
+  if (!(o.lr > 0)) return fmt::format("--lr must be positive, got {}", o.lr);
+  if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
+  if (o.data != "auto" && o.data != "synthetic") {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(o.data, ec)) {
+      return fmt::format("--data {}: no such file (expected a text file, 'synthetic' or 'auto')",
+                         o.data);
+    }
+    if (std::filesystem::file_size(o.data, ec) < static_cast<uintmax_t>(o.seq + 2)) {
+      return fmt::format("--data {}: the file is shorter than one sequence of {} bytes + 1",
+                         o.data, o.seq);
+    }
+  }
+  if (o.data != "synthetic" && o.model.vocab < 256) {
+    return fmt::format("--vocab must be at least 256 to read text as bytes, got {}",
+                       o.model.vocab);
+  }
+  return "";
+}
+
+}  // namespace
+
+ParseResult parse_options(int argc, char** argv, int world_size) {
+  CLI::App app{"Train MiniLLM with fsdp (fully sharded data parallel) on CPU or GPU ranks.\n"
+               "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
+               "scripts/launch.sh --nproc N."};
+  Options o;
+  std::optional<int64_t> vocab, dim, layers, heads, seq, batch;
+  std::optional<int> steps;
+  app.add_option("--preset", o.preset, "Sizes to start from")
+      ->check(CLI::IsMember({"cpu-small", "reference"}))
+      ->capture_default_str();
+  app.add_option("--vocab", vocab, "Vocabulary size (>= 256 for text)");
+  app.add_option("--dim", dim, "Model width");
+  app.add_option("--layers", layers, "Transformer blocks");
+  app.add_option("--heads", heads, "Attention heads (must divide --dim)");
+  app.add_option("--seq", seq, "Tokens per sequence");
+  app.add_option("--batch", batch,
+                 "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
+                 "cpu-small, 8 per rank for reference)");
+  app.add_option("--steps", steps, "Training steps");
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--data", o.data,
+                 fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
+                             kDefaultTextPath))
+      ->capture_default_str();
+  app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
+  app.add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / local ranks)")
+      ->capture_default_str();
+  app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
+               "Keep blocks' full parameters from forward to backward (more memory, fewer "
+               "all-gathers)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return {std::nullopt, 0, app.help()};
+  } catch (const CLI::ParseError& e) {
+    return {std::nullopt, 2,
+            fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  }
+  const Preset& p = presets().at(o.preset);
+  o.model.vocab = vocab.value_or(p.model.vocab);
+  o.model.dim = dim.value_or(p.model.dim);
+  o.model.layers = layers.value_or(p.model.layers);
+  o.model.heads = heads.value_or(p.model.heads);
+  o.seq = seq.value_or(p.seq);
+  o.batch = batch.value_or(p.batch_per_rank * world_size);
+  o.steps = steps.value_or(p.steps);
+  if (auto err = check(o, world_size); !err.empty()) {
+    return {std::nullopt, 2, "error: " + err};
+  }
+  return {o, 0, ""};
+}
+
+}  // namespace minillm

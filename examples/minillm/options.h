@@ -1,0 +1,42 @@
+// Command-line options of train_minillm: flags, presets, and their validation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model.h"
+
+namespace minillm {
+
+struct Options {
+  std::string preset = "cpu-small";
+  Config model;
+  int64_t seq = 128;
+  int64_t batch = 8;  // global: sequences per step over all ranks
+  int steps = 20;
+  double lr = 3e-4;
+  uint64_t seed = 0;
+  std::string dtype = "fp32";  // fp32 | bf16
+  std::string data = "auto";   // auto | synthetic | PATH
+  std::string metrics_out;
+  int threads = 0;  // intra-op threads per rank; 0: cores / local ranks
+  bool reshard_after_forward = true;
+};
+
+// What parse_options decided: run with `options`, or exit with `exit_code` after printing
+// `message` (help text or the error, naming the flag and what is expected).
+struct ParseResult {
+  std::optional<Options> options;
+  int exit_code = 0;
+  std::string message;
+};
+
+// Parses argv. Presets fill every size flag the user did not give. `world_size` (from the
+// launch environment) is needed to check that the global batch splits over the ranks.
+ParseResult parse_options(int argc, char** argv, int world_size);
+
+// The text file `--data auto` reads: present on every Debian machine (package base-files).
+inline constexpr const char* kDefaultTextPath = "/usr/share/common-licenses/GPL-3";
+
+}  // namespace minillm

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Smoke test of train_minillm at a tiny size: world 1 and world 2 (mpiexec) agree on every
+# step's loss to 1e-5, the loss falls, and bad flags exit non-zero with a message naming them.
+#   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
+set -uo pipefail
+bin="$1"; shift
+mpiexec=("$@")
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+sizes=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --steps 6 --lr 3e-3 --threads 1)
+args=("${sizes[@]}" --batch 4)
+fail=0
+
+"$bin" "${args[@]}" --metrics-out "$tmp/w1.jsonl" > "$tmp/w1.log" 2>&1 || { cat "$tmp/w1.log"; exit 1; }
+"${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --metrics-out "$tmp/w2.jsonl" > "$tmp/w2.log" 2>&1 \
+  || { cat "$tmp/w2.log"; exit 1; }
+losses() { sed -E 's/.*"loss":([-0-9.eE+]+).*/\1/' "$1"; }
+paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/w2.jsonl") > "$tmp/pairs"
+[ "$(wc -l < "$tmp/pairs")" -eq 6 ] || { echo "expected 6 metrics lines per run"; cat "$tmp"/*.log; exit 1; }
+if ! awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1)) bad = 1 }
+          NR == 1 { first = $1 } { last = $1 }
+          END { if (bad) { print "world 1 and world 2 losses differ"; exit 1 }
+                if (!(last < first)) { print "loss did not fall"; exit 1 } }' "$tmp/pairs"; then
+  cat "$tmp/pairs"; fail=1
+fi
+echo "losses (world 1, world 2):"; cat "$tmp/pairs"
+
+expect_error() {  # expect_error NEEDLE ARGS...
+  local needle="$1"; shift
+  if "$bin" "$@" > "$tmp/err.log" 2>&1; then
+    echo "expected failure for: $*"; fail=1
+  elif ! grep -q -- "$needle" "$tmp/err.log"; then
+    echo "message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
+  fi
+}
+expect_error "--dim must be a positive integer" --dim 0
+expect_error "--heads must divide --dim" --dim 64 --heads 5
+expect_error "no such file" --data /nonexistent/text.txt
+expect_error "The following argument was not expected: --bogus" --bogus
+expect_error "--steps must be a positive integer" --steps -3
+# A global batch that does not split over the ranks: every rank exits, none hangs.
+if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then
+  echo "expected --batch 3 to fail on 2 ranks"; fail=1
+elif ! grep -q "must split evenly over the 2 ranks" "$tmp/split.log"; then
+  echo "missing batch split message:"; cat "$tmp/split.log"; fail=1
+fi
+[ "$fail" -eq 0 ] && echo "minillm smoke: passed"
+exit "$fail"
