@@ -53,10 +53,13 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
     ranges_.push_back(std::move(ranges));
   }
   grad_ready_.assign(params_.size(), false);
+  // One rank holding everything in its own dtype: the shard is the full parameter and autograd's
+  // gradient is already the reduced one, so no copy and no collective is needed.
+  passthrough_ = world == 1 && compute_dtype_ == orig && reduce_dtype_ == orig;
 }
 
 void ParamGroup::unshard_async(Accounting& acct) {
-  if (state_ != State::kSharded || params_.empty()) return;
+  if (state_ != State::kSharded || params_.empty() || passthrough_) return;
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
   // Padding rows of ranks with fewer rows must be defined values (they are sent).
   gather_in_ = needs_padding_ ? at::zeros({padded_total_}, opts) : at::empty({padded_total_}, opts);
@@ -70,7 +73,7 @@ void ParamGroup::unshard_async(Accounting& acct) {
 }
 
 void ParamGroup::wait_unshard(Accounting& acct) {
-  if (params_.empty()) {
+  if (params_.empty() || passthrough_) {
     state_ = State::kFull;
     return;
   }
@@ -106,6 +109,7 @@ void ParamGroup::reshard(Accounting& acct) {
 
 void ParamGroup::arm_grad_hooks(const std::function<void(size_t)>& on_grad) {
   grads_expected_ = 0;
+  if (passthrough_) return;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     if (!p.requires_grad()) continue;
@@ -127,7 +131,7 @@ void ParamGroup::on_grad_ready(size_t index, Accounting& acct) {
 }
 
 void ParamGroup::post_backward(Accounting& acct) {
-  if (reduced_this_backward_ || reduce_total_ == 0) return;
+  if (reduced_this_backward_ || reduce_total_ == 0 || passthrough_) return;
   if (state_ != State::kFull) {
     // Never gathered for backward (output unused, eval): there are no full gradients.
     reduced_this_backward_ = true;

@@ -1,0 +1,124 @@
+// All-gather and reduce-scatter bandwidth against message size, as nccl-tests reports it:
+// busbw = bytes x (n - 1) / n / time, where bytes is the full (gathered / unreduced) buffer.
+// Compare with the machine's memory copy bandwidth, printed first.
+//   mpirun -np N build/bin/collectives_bench [--backend mpi]     (processes)
+//   build/bin/collectives_bench --backend local --world N         (thread ranks)
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "fsdp/fsdp.h"
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Single-thread memcpy bandwidth (read + write counted once, like busbw's bytes moved).
+double memcpy_gbps(int64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes);
+  std::vector<double> t;
+  for (int i = 0; i < 7; ++i) {
+    double t0 = now();
+    std::memcpy(b.data(), a.data(), bytes);
+    t.push_back(now() - t0);
+  }
+  return bytes / median(t) / 1e9;
+}
+
+struct Row {
+  int64_t bytes;
+  double ag_us, ag_busbw, rs_us, rs_busbw;
+};
+
+std::vector<Row> run(fsdp::ProcessGroup& pg, int64_t max_bytes, int iters) {
+  std::vector<Row> rows;
+  const int n = pg.size();
+  for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    int64_t full = std::max<int64_t>(n, bytes / 4 / n * n);  // floats, divisible by n
+    auto big = at::ones({full});
+    auto part = at::ones({full / n});
+    auto time_op = [&](auto op) {
+      op();  // warm-up
+      std::vector<double> t;
+      for (int i = 0; i < iters; ++i) {
+        pg.barrier()->wait();
+        double t0 = now();
+        op();
+        t.push_back(now() - t0);
+      }
+      // The slowest rank defines a collective's time.
+      auto x = at::full({1}, median(t), at::kDouble);
+      auto all = at::empty({n}, at::kDouble);
+      pg.all_gather(all, x)->wait();
+      return all.max().item<double>();
+    };
+    double ag = time_op([&] { pg.all_gather(big, part)->wait(); });
+    double rs = time_op([&] { pg.reduce_scatter(part, big, fsdp::ReduceOp::kAvg)->wait(); });
+    double moved = full * 4.0 * (n - 1) / n;
+    rows.push_back({full * 4, ag * 1e6, moved / ag / 1e9, rs * 1e6, moved / rs / 1e9});
+  }
+  return rows;
+}
+
+void print(const std::vector<Row>& rows, const std::string& backend, int world) {
+  fmt::print("backend {} | world {} | float32 | busbw = bytes x (n-1)/n / time\n", backend,
+             world);
+  fmt::print("{:>12} {:>12} {:>12} {:>12} {:>12}\n", "bytes", "ag us", "ag GB/s", "rs us",
+             "rs GB/s");
+  for (const auto& r : rows) {
+    fmt::print("{:>12} {:>12.1f} {:>12.2f} {:>12.1f} {:>12.2f}\n", r.bytes, r.ag_us, r.ag_busbw,
+               r.rs_us, r.rs_busbw);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Collective bandwidth of fsdp's CPU backends"};
+  std::string backend = "auto";
+  int world = 2, iters = 10;
+  int64_t max_bytes = 64 << 20;
+  app.add_option("--backend", backend, "auto (from the launcher), or local")
+      ->check(CLI::IsMember({"auto", "local"}))
+      ->capture_default_str();
+  app.add_option("--world", world, "Thread ranks for --backend local")->capture_default_str();
+  app.add_option("--iters", iters, "Timed iterations per size")->capture_default_str();
+  app.add_option("--max-bytes", max_bytes, "Largest full buffer")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  at::set_num_threads(1);
+  try {
+    if (backend == "local") {
+      std::vector<std::vector<Row>> results(world);
+      fsdp::run_local_ranks(world, [&](const fsdp::ProcessGroupPtr& pg) {
+        results[pg->rank()] = run(*pg, max_bytes, iters);
+      });
+      fmt::print("memcpy (1 thread): {:.2f} GB/s\n", memcpy_gbps(64 << 20));
+      print(results[0], "local (threads)", world);
+    } else {
+      auto d = fsdp::init_from_env();
+      auto rows = run(*d.group, max_bytes, iters);
+      if (d.group->rank() == 0) {
+        fmt::print("memcpy (1 thread): {:.2f} GB/s\n", memcpy_gbps(64 << 20));
+        print(rows, d.group->backend_name(), d.group->size());
+      }
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
