@@ -12,6 +12,7 @@ packages=(
   libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev          # command-line parsing for the examples and benchmarks
   nlohmann-json3-dev    # JSON lines for metrics
+  python3-torch         # PyTorch reference for bench/, and the torchrun agent-store test
 )
 
 missing=()
