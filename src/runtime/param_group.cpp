@@ -121,21 +121,21 @@ void ParamGroup::arm_grad_hooks(const std::function<void(size_t)>& on_grad) {
   }
 }
 
-void ParamGroup::on_grad_ready(size_t index, Accounting& acct) {
-  if (index >= grad_ready_.size() || grad_ready_[index]) return;
+bool ParamGroup::on_grad_ready(size_t index) {
+  if (index >= grad_ready_.size() || grad_ready_[index]) return false;
   grad_ready_[index] = true;
   // All gradients present is the end of this unit's backward only when every parameter takes
   // a gradient: a frozen weight may still be read to compute input gradients after that (the
   // post-backward function on the unit's inputs covers that case).
-  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size()) post_backward(acct);
+  return ++grads_seen_ == grads_expected_ && grads_expected_ == params_.size();
 }
 
-void ParamGroup::post_backward(Accounting& acct) {
-  if (reduced_this_backward_ || reduce_total_ == 0 || passthrough_) return;
+bool ParamGroup::post_backward(Accounting& acct) {
+  if (reduced_this_backward_ || reduce_total_ == 0 || passthrough_) return false;
   if (state_ != State::kFull) {
     // Never gathered for backward (output unused, eval): there are no full gradients.
     reduced_this_backward_ = true;
-    return;
+    return false;
   }
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
@@ -151,15 +151,16 @@ void ParamGroup::post_backward(Accounting& acct) {
     any |= reduced_has_grad_[i];
   }
   reduced_this_backward_ = true;
-  reshard(acct);     // full gradients are gone; full parameters are no longer needed
-  if (!any) return;  // the same on every rank: the graphs are the same
+  reshard(acct);           // full gradients are gone; full parameters are no longer needed
+  if (!any) return false;  // the same on every rank: the graphs are the same
   reduce_in_ = in;
   reduce_out_ = at::empty({reduce_total_}, opts);
   acct.add_comm(bytes_of(reduce_in_) + bytes_of(reduce_out_));
   reduce_work_ = pg_->reduce_scatter(reduce_out_, reduce_in_, ReduceOp::kAvg);
+  return true;
 }
 
-void ParamGroup::finish_backward(Accounting& acct) {
+void ParamGroup::finish_reduce(Accounting& acct) {
   if (reduce_work_) {
     {
       ExposedCommTimer timer(acct);
@@ -174,6 +175,9 @@ void ParamGroup::finish_backward(Accounting& acct) {
     reduce_in_ = reduce_out_ = at::Tensor();
     reduce_work_.reset();
   }
+}
+
+void ParamGroup::end_backward() {
   grad_ready_.assign(params_.size(), false);
   grads_seen_ = 0;
   reduced_this_backward_ = false;

@@ -33,14 +33,18 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // Hooks autograd's gradient accumulators of the current full parameters, so that the group
   // learns when all its gradients exist: on_grad(index) runs after each accumulation.
   void arm_grad_hooks(const std::function<void(size_t)>& on_grad);
-  // Called by the hooks: when every parameter has its gradient (and none is frozen), runs
-  // post_backward() at once, before the gradient reaches the unit's inputs.
-  void on_grad_ready(size_t index, Accounting& acct);
+  // Called by the hooks. True when every parameter has its gradient and none is frozen: the
+  // unit's backward is over before the gradient reaches its inputs (post_backward may run).
+  bool on_grad_ready(size_t index);
   // Copies the full gradients into a buffer, frees them, reshards, issues the reduce-scatter.
-  // At most once per backward; a no-op when no parameter got a gradient.
-  void post_backward(Accounting& acct);
-  // Waits for the reduce-scatter and adds each rank's rows into the sharded grads.
-  void finish_backward(Accounting& acct);
+  // At most once per backward; a no-op when no parameter got a gradient. Returns whether a
+  // reduce-scatter is now in flight.
+  bool post_backward(Accounting& acct);
+  // Waits for the reduce-scatter in flight (if any), adds each rank's rows into the sharded
+  // grads and frees the buffers.
+  void finish_reduce(Accounting& acct);
+  // Forgets this backward's bookkeeping (call after finish_reduce).
+  void end_backward();
 
   const std::vector<FsdpParam>& params() const { return params_; }
   std::vector<FsdpParam>& params() { return params_; }

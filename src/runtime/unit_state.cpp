@@ -111,7 +111,25 @@ at::Tensor UnitState::cast_input(const at::Tensor& input) {
 
 void UnitState::on_input_grad() {
   // Gradients reached this unit's inputs: its backward is over.
-  if (++inputs_grad_seen_ == inputs_wrapped_) group_->post_backward(*acct_);
+  if (++inputs_grad_seen_ == inputs_wrapped_) run_post_backward();
+}
+
+void UnitState::run_post_backward() {
+  if (group_->post_backward(*acct_)) root().track_reduction(group_.get());
+}
+
+namespace {
+// One reduce-scatter may run while the next unit's backward computes; older ones are waited
+// for, so gradient buffers of at most two units are alive at once.
+constexpr size_t kMaxReductionsInFlight = 1;
+}  // namespace
+
+void UnitState::track_reduction(ParamGroup* group) {
+  reductions_in_flight_.push_back(group);
+  while (reductions_in_flight_.size() > kMaxReductionsInFlight) {
+    reductions_in_flight_.front()->finish_reduce(*acct_);
+    reductions_in_flight_.pop_front();
+  }
 }
 
 void UnitState::hook_output(at::Tensor& output) {
@@ -151,7 +169,7 @@ void UnitState::pre_backward() {
 
 void UnitState::on_param_grad(size_t index) {
   root().ensure_final_callback();
-  group_->on_grad_ready(index, *acct_);
+  if (group_->on_grad_ready(index)) run_post_backward();
 }
 
 void UnitState::ensure_final_callback() {
@@ -166,9 +184,11 @@ void UnitState::ensure_final_callback() {
 void UnitState::final_callback() {
   // Same order on every rank (tree order): units whose gradients were incomplete (unused or
   // frozen parameters) reduce what they have, then every reduction is waited for.
-  for (auto& s : tree_) s->group_->post_backward(*acct_);
-  for (auto& s : tree_) s->group_->finish_backward(*acct_);
-  for (auto& s : tree_) {
+  for (UnitState* s : tree_) s->run_post_backward();
+  for (ParamGroup* g : reductions_in_flight_) g->finish_reduce(*acct_);
+  reductions_in_flight_.clear();
+  for (UnitState* s : tree_) {
+    s->group_->end_backward();
     s->group_->reshard(*acct_);
     s->pre_backward_done_ = false;
     s->inputs_grad_seen_ = 0;

@@ -5,6 +5,7 @@
 
 #include <torch/nn/module.h>
 
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,11 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   UnitState& root() const;
   void lazy_init();
   void ensure_final_callback();
+  // Runs this unit's post-backward; a reduce-scatter it issues joins the root's in-flight list.
+  void run_post_backward();
+  // Root: after a new reduce-scatter, finishes older ones so that at most
+  // kMaxReductionsInFlight gradient buffers are alive (FSDP2 keeps one), bounding memory.
+  void track_reduction(ParamGroup* group);
   void final_callback();
   bool reshard_after_forward() const;
   // Every unit of this root's tree, this one first, in a deterministic order. Raw pointers:
@@ -66,6 +72,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<UnitState*> forward_order_, last_forward_order_;
   std::vector<UnitState*> post_forward_order_;
   bool callback_queued_ = false;
+  std::deque<ParamGroup*> reductions_in_flight_;
 };
 
 }  // namespace fsdp::detail
