@@ -31,6 +31,7 @@ TinyLM build_model(const TrainSpec& spec) {
   torch::manual_seed(spec.seed);
   TinyLM model(spec.model);
   if (spec.edit_model) spec.edit_model(model);
+  model->to(spec.device);
   return model;
 }
 
@@ -54,7 +55,7 @@ torch::optim::AdamW make_optimizer(std::vector<at::Tensor> params, const TrainSp
 std::vector<std::pair<std::string, at::Tensor>> snapshot(torch::nn::Module& m) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : m.named_parameters()) {
-    out.emplace_back(item.key(), item.value().detach().clone().to(at::kFloat));
+    out.emplace_back(item.key(), item.value().detach().to(at::kCPU).to(at::kFloat).clone());
   }
   return out;
 }
@@ -70,7 +71,9 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
   if (mixed) compute->to(*spec.mp.param_dtype);
   const int64_t local = spec.batch / slices;
   for (int step = 0; step < spec.steps; ++step) {
-    auto [tokens, targets] = global_batch(spec, step);
+    auto [cpu_tokens, cpu_targets] = global_batch(spec, step);
+    auto tokens = cpu_tokens.to(spec.device);
+    auto targets = cpu_targets.to(spec.device);
     opt.zero_grad();
     if (mixed) {
       torch::NoGradGuard no_grad;
@@ -142,7 +145,9 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   int world = pg->size();
   int64_t local = spec.batch / world;
   for (int step = 0; step < spec.steps; ++step) {
-    auto [tokens, targets] = global_batch(spec, step);
+    auto [cpu_tokens, cpu_targets] = global_batch(spec, step);
+    auto tokens = cpu_tokens.to(spec.device);
+    auto targets = cpu_targets.to(spec.device);
     auto my_tokens = tokens.narrow(0, pg->rank() * local, local);
     auto my_targets = targets.narrow(0, pg->rank() * local, local);
     opt.zero_grad();
@@ -155,7 +160,8 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   }
   size_t i = 0;
   for (const auto& item : model->named_parameters()) {
-    result.params.emplace_back(item.key(), gather_full(pg, item.value(), dim0[i++]).to(at::kFloat));
+    result.params.emplace_back(
+        item.key(), gather_full(pg, item.value(), dim0[i++]).to(at::kCPU).to(at::kFloat));
   }
   return result;
 }

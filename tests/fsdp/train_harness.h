@@ -47,6 +47,9 @@ struct TrainSpec {
   std::optional<bool> reshard_after_forward;
   // Applied to the freshly built model, before sharding (e.g. freezing parameters).
   std::function<void(TinyLM&)> edit_model;
+  // Where the model trains: parameters are initialised on the CPU (the same values on every
+  // device), then moved.
+  c10::Device device{c10::kCPU};
 };
 
 struct TrainResult {
