@@ -1,7 +1,30 @@
 # Finds libtorch, fmt and the optional engines; sets FSDP_HAVE_<ENGINE> for each backend built.
 
 find_package(Torch REQUIRED)
-find_package(fmt REQUIRED)
+
+# FSDP_DEPS_DIR: machines without Debian's packages (the GPU machine) use header-only fmt,
+# CLI11 and nlohmann-json and GoogleTest's sources copied by scripts/gpu_bundle_deps.sh.
+set(FSDP_DEPS_DIR "" CACHE PATH "Bundled dependencies (scripts/gpu_bundle_deps.sh); empty: system")
+if(FSDP_DEPS_DIR)
+  add_library(fsdp_fmt_header_only INTERFACE)
+  target_include_directories(fsdp_fmt_header_only SYSTEM INTERFACE ${FSDP_DEPS_DIR}/include)
+  target_compile_definitions(fsdp_fmt_header_only INTERFACE FMT_HEADER_ONLY)
+  add_library(fmt::fmt ALIAS fsdp_fmt_header_only)
+  add_library(fsdp_header_deps INTERFACE)
+  target_include_directories(fsdp_header_deps SYSTEM INTERFACE ${FSDP_DEPS_DIR}/include)
+  add_library(CLI11::CLI11 ALIAS fsdp_header_deps)
+  add_library(nlohmann_json::nlohmann_json ALIAS fsdp_header_deps)
+  set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
+  add_subdirectory(${FSDP_DEPS_DIR}/googletest ${PROJECT_BINARY_DIR}/googletest EXCLUDE_FROM_ALL)
+  if(NOT TARGET GTest::gtest)  # googletest 1.12 defines these aliases itself
+    add_library(GTest::gtest ALIAS gtest)
+    add_library(GTest::gtest_main ALIAS gtest_main)
+  endif()
+  set(FSDP_INSTALL OFF)  # bundled header-only fmt cannot be exported with the package
+else()
+  find_package(fmt REQUIRED)
+  set(FSDP_INSTALL ON)
+endif()
 set(FSDP_BACKEND_SUMMARY "")
 
 # A backend option: AUTO builds it when found, ON fails the configure when not found.
