@@ -1,10 +1,10 @@
 // The cost of sharding at world size 1: the same MiniLLM training step with and without
 // fully_shard, in one process, alternating rounds so machine noise hits both alike.
 //   build/bin/overhead_bench [--rounds 5 --steps 6 --threads 1 --dtype fp32]
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 
@@ -31,7 +31,7 @@ double time_steps(bool sharded, const minillm::Config& cfg, int64_t batch, int64
       opts.mp_policy.param_dtype = torch::kBFloat16;
       opts.mp_policy.reduce_dtype = torch::kFloat;
     }
-    for (auto& layer : model->layers) fsdp::fully_shard(layer.module(), pg, opts);
+    for (auto& layer : model->layers) fsdp::fully_shard(layer, pg, opts);
     root = fsdp::fully_shard(model, pg, opts);
   } else if (dtype == "bf16") {
     model->to(torch::kBFloat16);  // plain bf16 training: no fp32 master, the cheapest baseline

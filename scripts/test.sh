@@ -6,7 +6,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
 
 bash "$root/scripts/install_deps.sh"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON
+# install_deps.sh provides MPI and Gloo: require them, so a broken install fails here instead
+# of silently skipping their tests. NCCL is required where the CUDA toolkit with NCCL is present
+# (these CPU machines have it), so the GPU code is compiled and linked on every run.
+engines=(-DFSDP_WITH_MPI=ON -DFSDP_WITH_GLOO=ON)
+if [ -f /usr/local/cuda/include/nccl.h ]; then engines+=(-DFSDP_WITH_NCCL=ON); fi
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON "${engines[@]}"
 cmake --build "$build" -j "$(nproc)"
 # One intra-op thread per rank: several ranks share two cores in the multi-rank tests.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1

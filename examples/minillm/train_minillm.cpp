@@ -1,7 +1,6 @@
 // train_minillm: the MiniLLM example trainer. Every block is a fully_shard unit, then the root;
 // AdamW over the shards; a plain training loop. See README.md beside this file.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "data.h"
@@ -79,7 +79,7 @@ int run(const Options& o) {
   for (auto& layer : model->layers) {
     auto block_opts = shard_opts;
     block_opts.reshard_after_forward = o.reshard_after_forward;
-    fsdp::fully_shard(layer.module(), dist.group, block_opts);
+    fsdp::fully_shard(layer, dist.group, block_opts);
   }
   auto root = fsdp::fully_shard(model, dist.group, shard_opts);
   torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(o.lr));
@@ -87,17 +87,19 @@ int run(const Options& o) {
 
   auto shard_bytes = root.memory_stats().sharded_param_bytes;
   if (lead) {
-    fmt::print("MiniLLM | world {} | backend {} | device {} | dtype {}\n", world,
-               pg.backend_name(), dist.device.str(), o.dtype);
-    fmt::print("model: vocab {} dim {} layers {} heads {} seq {} | {:.2f}M parameters ({:.1f} "
-               "MiB fp32)\n",
-               o.model.vocab, o.model.dim, o.model.layers, o.model.heads, o.seq, n_params / 1e6,
-               mib(n_params * 4));
-    fmt::print("per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} "
-               "MiB more (ZeRO-3: 16 bytes/param / {})\n",
-               mib(shard_bytes), mib(3 * shard_bytes), world);
-    fmt::print("data: {} | global batch {} sequences ({} per rank) | {} steps\n",
-               data->describe(), o.batch, local_batch, o.steps);
+    fmt::print("MiniLLM | world {} | backend {} | device {} | dtype {}\n", world, pg.backend_name(),
+               dist.device.str(), o.dtype);
+    fmt::print(
+        "model: vocab {} dim {} layers {} heads {} seq {} | {:.2f}M parameters ({:.1f} "
+        "MiB fp32)\n",
+        o.model.vocab, o.model.dim, o.model.layers, o.model.heads, o.seq, n_params / 1e6,
+        mib(n_params * 4));
+    fmt::print(
+        "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} "
+        "MiB more (ZeRO-3: 16 bytes/param / {})\n",
+        mib(shard_bytes), mib(3 * shard_bytes), world);
+    fmt::print("data: {} | global batch {} sequences ({} per rank) | {} steps\n", data->describe(),
+               o.batch, local_batch, o.steps);
   }
 
   std::ofstream metrics;
@@ -126,13 +128,12 @@ int run(const Options& o) {
     opt.step();
 
     if (cuda) torch::cuda::synchronize();
-    double step_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double exposed = root.memory_stats().exposed_comm_seconds - comm_before;
     auto global_loss = loss.detach().reshape({1}).clone();
     pg.all_reduce(global_loss, fsdp::ReduceOp::kAvg)->wait();
-    int64_t mem = cuda ? fsdp::cuda_peak_allocated_bytes(dist.device.index())
-                       : fsdp::host_peak_rss_bytes();
+    int64_t mem =
+        cuda ? fsdp::cuda_peak_allocated_bytes(dist.device.index()) : fsdp::host_peak_rss_bytes();
     peak_mem = max_over_ranks(pg, mem, dist.device);
     double loss_value = global_loss.item<double>();
     double tokens_per_s = o.batch * o.seq / step_s;
@@ -142,11 +143,12 @@ int run(const Options& o) {
     token_rates.push_back(tokens_per_s);
     if (lead) {
       auto m = root.memory_stats();
-      fmt::print("step {:>4} | loss {:.4f} | {:>8.0f} tok/s | step {:.3f} s (compute {:.3f}, "
-                 "exposed comm {:.3f}) | peak {} {:.0f} MiB/rank | full params peak {:.1f} "
-                 "MiB\n",
-                 step, loss_value, tokens_per_s, step_s, step_s - exposed, exposed,
-                 cuda ? "allocated" : "rss", mib(peak_mem), mib(m.peak_full_param_bytes));
+      fmt::print(
+          "step {:>4} | loss {:.4f} | {:>8.0f} tok/s | step {:.3f} s (compute {:.3f}, "
+          "exposed comm {:.3f}) | peak {} {:.0f} MiB/rank | full params peak {:.1f} "
+          "MiB\n",
+          step, loss_value, tokens_per_s, step_s, step_s - exposed, exposed,
+          cuda ? "allocated" : "rss", mib(peak_mem), mib(m.peak_full_param_bytes));
       std::fflush(stdout);
       if (metrics.is_open()) {
         nlohmann::json j = {{"step", step},
@@ -158,6 +160,8 @@ int run(const Options& o) {
                             {"peak_mem_bytes", peak_mem},
                             {"peak_full_param_bytes", m.peak_full_param_bytes},
                             {"sharded_param_bytes", m.sharded_param_bytes},
+                            {"sharded_grad_bytes", m.sharded_grad_bytes},
+                            {"peak_comm_buffer_bytes", m.peak_comm_buffer_bytes},
                             {"world", world}};
         metrics << j.dump() << "\n";
         metrics.flush();
@@ -170,9 +174,10 @@ int run(const Options& o) {
     std::vector<double> rates(token_rates.begin() + skip, token_rates.end());
     std::vector<double> times(step_times.begin() + skip, step_times.end());
     double tps = median(rates);
-    fmt::print("done: loss {:.4f} -> {:.4f} | median {:.0f} tok/s, {:.3f} s/step | peak {:.0f} "
-               "MiB/rank\n",
-               first_loss, last_loss, tps, median(times), mib(peak_mem));
+    fmt::print(
+        "done: loss {:.4f} -> {:.4f} | median {:.0f} tok/s, {:.3f} s/step | peak {:.0f} "
+        "MiB/rank\n",
+        first_loss, last_loss, tps, median(times), mib(peak_mem));
     if (cuda) {
       double mfu = tps / world * minillm::train_flops_per_token(o.model, o.seq) / 989e12;
       fmt::print("MFU {:.1f}% of 989 TFLOP/s dense bf16 per GPU\n", 100 * mfu);

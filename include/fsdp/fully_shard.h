@@ -1,6 +1,6 @@
 // fully_shard: FSDP2's per-parameter sharding for libtorch modules.
 //
-//   for (auto& layer : model->layers) fsdp::fully_shard(layer, pg, {mp});
+//   for (auto& layer : model->layers) fsdp::fully_shard(layer, pg, {mp});  // Unit members
 //   auto sharded = fsdp::fully_shard(model, pg, {mp});      // the root
 //   torch::optim::AdamW opt(sharded->parameters(), ...);    // this rank's shards
 //   auto loss = loss_fn(sharded(tokens)); loss.backward(); opt.step();
@@ -138,6 +138,12 @@ template <typename Holder>
 Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions options = {}) {
   detail::create_unit_state(holder.ptr(), std::move(pg), std::move(options));
   return Unit<Holder>(std::move(holder));
+}
+
+// The same for a module the model already holds as a Unit: `fully_shard(model->layers[i], pg)`.
+template <typename Holder>
+Unit<Holder> fully_shard(Unit<Holder>& unit, ProcessGroupPtr pg, FullyShardOptions options = {}) {
+  return fully_shard(unit.module(), std::move(pg), std::move(options));
 }
 
 [[noreturn]] void throw_not_sharded(const char* what);

@@ -30,7 +30,7 @@ TEST_P(CollectiveCounts, PerStep) {
         auto model = build_model(spec);
         FullyShardOptions options;
         options.reshard_after_forward = reshard;
-        for (auto& layer : model->layers) fully_shard(layer.module(), pg, options);
+        for (auto& layer : model->layers) fully_shard(layer, pg, options);
         auto root = fully_shard(model, pg, options);
         const int64_t n = static_cast<int64_t>(model->layers.size());
         for (int step = 0; step < 3; ++step) {  // later steps prefetch: counts must not change
@@ -168,7 +168,7 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
         for (const auto& p : model->layers[0]->parameters()) block_bytes += p.nbytes();
         for (const auto& p : model->parameters()) total_bytes += p.nbytes();
         const int64_t root_bytes = total_bytes - 2 * block_bytes;
-        for (auto& layer : model->layers) fully_shard(layer.module(), pg);
+        for (auto& layer : model->layers) fully_shard(layer, pg);
         auto root = fully_shard(model, pg);
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-3));
         auto [tokens, targets] = global_batch(spec, 0);
@@ -200,7 +200,7 @@ TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
     auto r = shard_range(p.size(0), 8, 7);
     expected += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
   }
-  for (auto& layer : model->layers) fully_shard(layer.module(), pg);
+  for (auto& layer : model->layers) fully_shard(layer, pg);
   auto root = fully_shard(model, pg);
   auto [tokens, targets] = global_batch(spec, 0);
   pg->reset_stats();

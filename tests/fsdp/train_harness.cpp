@@ -138,7 +138,7 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
 
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
-  for (auto& layer : model->layers) fully_shard(layer.module(), pg, options);
+  for (auto& layer : model->layers) fully_shard(layer, pg, options);
   auto root = fully_shard(model, pg, options);
   auto opt = make_optimizer(root->parameters(), spec);
 
