@@ -35,8 +35,8 @@ MiniLLMImpl::MiniLLMImpl(const Config& c) {
     layers.push_back(
         register_module("layer" + std::to_string(i), TransformerBlock(c.dim, c.heads)));
   }
-  head = register_module("head",
-                         torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)));
+  head = register_module(
+      "head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.output_size()).bias(false)));
 }
 
 torch::Tensor MiniLLMImpl::forward(const torch::Tensor& tokens) {

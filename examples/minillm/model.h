@@ -19,6 +19,10 @@ struct Config {
   int64_t dim = 256;
   int64_t layers = 4;
   int64_t heads = 8;
+  // Rows of the output head; 0 means vocab (a language model). Tests use a small classifier
+  // head of a size that divides by nothing.
+  int64_t outputs = 0;
+  int64_t output_size() const { return outputs > 0 ? outputs : vocab; }
 };
 
 // x * rsqrt(mean(x^2) + eps) * weight; libtorch has no RMSNorm before 2.4.
@@ -48,7 +52,7 @@ TORCH_MODULE(TransformerBlock);
 class MiniLLMImpl : public torch::nn::Module {
  public:
   explicit MiniLLMImpl(const Config& config);
-  // tokens: [batch, seq] int64 -> logits [batch, seq, vocab].
+  // tokens: [batch, seq] int64 -> logits [batch, seq, output_size()].
   torch::Tensor forward(const torch::Tensor& tokens);
 
   torch::nn::Embedding embed{nullptr};

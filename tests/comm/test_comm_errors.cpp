@@ -5,20 +5,14 @@
 #include "fsdp/backends.h"
 #include "fsdp/errors.h"
 #include "fsdp/local_group.h"
+#include "support/expect_error.h"
 
 namespace fsdp {
 namespace {
 
-// Runs `fn`, expects InvalidArgument whose message contains `needle`.
 template <typename Fn>
 void expect_invalid(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    FAIL() << "expected InvalidArgument containing '" << needle << "'";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message: " << e.what() << "\nexpected to contain: " << needle;
-  }
+  testing::expect_error_containing<InvalidArgument>(fn, needle);
 }
 
 class CommErrors : public ::testing::Test {

@@ -4,6 +4,7 @@
 
 #include "comm/collective_cases.h"
 #include "fsdp/fsdp.h"
+#include "support/multi_process_main.h"
 
 namespace fsdp {
 namespace {
@@ -31,13 +32,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   fsdp::dist() = fsdp::init_from_env();
   auto& pg = fsdp::dist().group;
-  if (pg->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  auto failed = at::full({1}, rc != 0 ? 1 : 0, at::kInt);
-  pg->all_reduce(failed, fsdp::ReduceOp::kSum)->wait();
+  int rc = fsdp::testing::run_tests_on_every_rank(*pg);
   pg.reset();
-  return failed.item<int>() != 0 ? 1 : 0;
+  return rc;
 }

@@ -4,6 +4,7 @@
 
 #include "comm/collective_cases.h"
 #include "fsdp/fsdp.h"
+#include "support/multi_process_main.h"
 
 namespace fsdp {
 namespace {
@@ -27,16 +28,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   auto d = fsdp::init_from_env();
   fsdp::world() = d.group;
-  // Only rank 0 prints test progress; every rank still reports failures through its exit code.
-  if (d.group->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  // Combine results: any failing rank fails the run on every rank.
-  auto failed = at::full({1}, rc != 0 ? 1 : 0, at::kInt);
-  d.group->all_reduce(failed, fsdp::ReduceOp::kSum)->wait();
+  int rc = fsdp::testing::run_tests_on_every_rank(*d.group);
   fsdp::world().reset();
   d.group.reset();
-  return failed.item<int>() != 0 ? 1 : 0;
+  return rc;
 }

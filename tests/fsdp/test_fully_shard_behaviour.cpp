@@ -2,6 +2,7 @@
 // manual unshard/reshard, memory accounting, and the errors for bad use.
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "train_harness.h"
 
 namespace fsdp::testing {
@@ -11,10 +12,6 @@ LocalGroupOptions test_options() {
   LocalGroupOptions options;
   options.timeout = std::chrono::seconds(60);
   return options;
-}
-
-at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets, int64_t classes) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, classes}), targets.reshape(-1));
 }
 
 // Counts per step with N = 2 blocks plus the root (FSDP2's test_fully_shard_comm numbers):
@@ -37,7 +34,7 @@ TEST_P(CollectiveCounts, PerStep) {
           auto [tokens, targets] = global_batch(spec, step);
           pg->reset_stats();
           auto loss = loss_of(root(tokens.narrow(0, pg->rank() * 6, 6)),
-                              targets.narrow(0, pg->rank() * 6, 6), spec.model.classes);
+                              targets.narrow(0, pg->rank() * 6, 6), spec.model.output_size());
           EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), n + 1) << "forward";
           EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), 0);
           pg->reset_stats();
@@ -173,7 +170,7 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-3));
         auto [tokens, targets] = global_batch(spec, 0);
         loss_of(root(tokens.narrow(0, pg->rank() * 6, 6)), targets.narrow(0, pg->rank() * 6, 6),
-                spec.model.classes)
+                spec.model.output_size())
             .backward();
         opt.step();
         auto m = root.memory_stats();
@@ -204,7 +201,8 @@ TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
   auto root = fully_shard(model, pg);
   auto [tokens, targets] = global_batch(spec, 0);
   pg->reset_stats();
-  loss_of(root(tokens.narrow(0, 0, 2)), targets.narrow(0, 0, 2), spec.model.classes).backward();
+  loss_of(root(tokens.narrow(0, 0, 2)), targets.narrow(0, 0, 2), spec.model.output_size())
+      .backward();
   EXPECT_EQ(root.memory_stats().sharded_param_bytes, expected);
   EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), 3 + 2);
   EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), 3);
@@ -213,12 +211,7 @@ TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
 // Bad use: each raises InvalidArgument naming the problem.
 template <typename Fn>
 void expect_invalid(Fn fn, const std::string& needle) {
-  try {
-    fn();
-    FAIL() << "expected InvalidArgument containing '" << needle << "'";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+  expect_error_containing<InvalidArgument>(fn, needle);
 }
 
 TEST(BadUse, ShardingTwice) {

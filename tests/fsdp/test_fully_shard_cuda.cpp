@@ -73,7 +73,7 @@ TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {
   auto [tokens, targets] = global_batch(s, 0);
   pg->reset_stats();
   auto logits = root(tokens.narrow(0, 0, 2).to(s.device));
-  torch::nn::functional::cross_entropy(logits.reshape({-1, s.model.classes}).to(at::kFloat),
+  torch::nn::functional::cross_entropy(logits.reshape({-1, s.model.output_size()}).to(at::kFloat),
                                        targets.narrow(0, 0, 2).reshape(-1).to(s.device))
       .backward();
   const int64_t n = static_cast<int64_t>(model->layers.size());

@@ -2,6 +2,7 @@
 // equivalence as the thread-rank tests, each process computing the reference itself.
 #include <gtest/gtest.h>
 
+#include "support/multi_process_main.h"
 #include "train_harness.h"
 
 namespace fsdp::testing {
@@ -18,13 +19,7 @@ TEST(FullyShardMpi, Fp32MatchesSingleProcess) {
   TrainSpec spec;
   auto want = train_reference(spec, world()->size());
   auto got = train_sharded(spec, world());
-  double loss_err = max_rel_loss_error(got, want), param_err = max_rel_param_error(got, want);
-  if (world()->rank() == 0) {
-    std::cout << "mpi fp32 world " << world()->size() << ": loss rel err " << loss_err
-              << ", param rel err " << param_err << "\n";
-  }
-  EXPECT_LT(loss_err, kTolerance);
-  EXPECT_LT(param_err, kTolerance);
+  expect_parity("mpi fp32", world()->size(), got, want, kTolerance);
 }
 
 TEST(FullyShardMpi, MixedPrecisionMatchesReferenceWithSameCasts) {
@@ -33,13 +28,7 @@ TEST(FullyShardMpi, MixedPrecisionMatchesReferenceWithSameCasts) {
   spec.mp.reduce_dtype = at::kFloat;
   auto want = train_reference(spec, world()->size());
   auto got = train_sharded(spec, world());
-  double loss_err = max_rel_loss_error(got, want), param_err = max_rel_param_error(got, want);
-  if (world()->rank() == 0) {
-    std::cout << "mpi bf16/fp32 world " << world()->size() << ": loss rel err " << loss_err
-              << ", param rel err " << param_err << "\n";
-  }
-  EXPECT_LT(loss_err, kTolerance);
-  EXPECT_LT(param_err, kTolerance);
+  expect_parity("mpi bf16/fp32", world()->size(), got, want, kTolerance);
 }
 
 TEST(FullyShardMpi, ReshardAfterForwardFalseMatches) {
@@ -61,14 +50,8 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   auto d = fsdp::init_from_env();
   fsdp::testing::world() = d.group;
-  if (d.group->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = RUN_ALL_TESTS();
-  auto failed = at::full({1}, rc != 0 ? 1 : 0, at::kInt);
-  d.group->all_reduce(failed, fsdp::ReduceOp::kSum)->wait();
+  int rc = fsdp::testing::run_tests_on_every_rank(*d.group);
   fsdp::testing::world().reset();
   d.group.reset();
-  return failed.item<int>() != 0 ? 1 : 0;
+  return rc;
 }

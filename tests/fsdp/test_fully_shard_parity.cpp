@@ -18,11 +18,6 @@ LocalGroupOptions test_options() {
   return options;
 }
 
-void report(const char* what, const ProcessGroupPtr& pg, double loss_err, double param_err) {
-  std::cout << what << " world " << pg->size() << ": loss rel err " << loss_err
-            << ", param rel err " << param_err << "\n";
-}
-
 class Fp32Parity : public ::testing::TestWithParam<int> {};
 
 TEST_P(Fp32Parity, MatchesSingleProcess) {
@@ -35,11 +30,7 @@ TEST_P(Fp32Parity, MatchesSingleProcess) {
       [&](const ProcessGroupPtr& pg) {
         auto got = train_sharded(spec, pg);
         if (pg->rank() != 0) return;
-        double loss_err = max_rel_loss_error(got, want);
-        double param_err = max_rel_param_error(got, want);
-        report("fp32", pg, loss_err, param_err);
-        EXPECT_LT(loss_err, kFp32Tolerance);
-        EXPECT_LT(param_err, kFp32Tolerance);
+        expect_parity("fp32", pg->size(), got, want, kFp32Tolerance);
         // Against plain full-batch training the losses agree as well; parameters can drift
         // where AdamW normalises gradients that are zero up to rounding (attention key bias).
         EXPECT_LT(max_rel_loss_error(got, full_batch), kFp32Tolerance);
@@ -63,11 +54,7 @@ TEST_P(MixedPrecisionParity, MatchesReferenceWithSameCasts) {
       [&](const ProcessGroupPtr& pg) {
         auto got = train_sharded(spec, pg);
         if (pg->rank() != 0) return;
-        double loss_err = max_rel_loss_error(got, want);
-        double param_err = max_rel_param_error(got, want);
-        report("bf16/fp32", pg, loss_err, param_err);
-        EXPECT_LT(loss_err, kFp32Tolerance);
-        EXPECT_LT(param_err, kFp32Tolerance);
+        expect_parity("bf16/fp32", pg->size(), got, want, kFp32Tolerance);
       },
       test_options());
 }

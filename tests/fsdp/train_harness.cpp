@@ -1,28 +1,13 @@
 #include "train_harness.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <mutex>
 
 namespace fsdp::testing {
-
-TinyLMImpl::TinyLMImpl(const TinyConfig& c) {
-  embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
-  for (int64_t i = 0; i < c.layers; ++i) {
-    layers.push_back(
-        register_module("layer" + std::to_string(i), minillm::TransformerBlock(c.dim, c.heads)));
-  }
-  head = register_module("head",
-                         torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.classes).bias(false)));
-}
-
-torch::Tensor TinyLMImpl::forward(const torch::Tensor& tokens) {
-  auto x = embed(tokens);
-  for (auto& layer : layers) x = layer(x);
-  return head(x);
-}
 
 TinyLM build_model(const TrainSpec& spec) {
   // Thread ranks share libtorch's global generator: build one model at a time.
@@ -38,15 +23,25 @@ TinyLM build_model(const TrainSpec& spec) {
 std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step) {
   auto gen = at::detail::createCPUGenerator(spec.seed * 1000 + step);
   auto tokens = at::randint(spec.model.vocab, {spec.batch, spec.seq}, gen, at::kLong);
-  auto targets = at::randint(spec.model.classes, {spec.batch, spec.seq}, gen, at::kLong);
+  auto targets = at::randint(spec.model.output_size(), {spec.batch, spec.seq}, gen, at::kLong);
   return {tokens, targets};
 }
-
-namespace {
 
 at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets, int64_t classes) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, classes}), targets.reshape(-1));
 }
+
+void expect_parity(const std::string& label, int world, const TrainResult& got,
+                   const TrainResult& want, double tolerance) {
+  double loss_err = max_rel_loss_error(got, want);
+  double param_err = max_rel_param_error(got, want);
+  std::cout << label << " world " << world << ": loss rel err " << loss_err << ", param rel err "
+            << param_err << "\n";
+  EXPECT_LT(loss_err, tolerance) << label;
+  EXPECT_LT(param_err, tolerance) << label;
+}
+
+namespace {
 
 torch::optim::AdamW make_optimizer(std::vector<at::Tensor> params, const TrainSpec& spec) {
   return torch::optim::AdamW(std::move(params), torch::optim::AdamWOptions(spec.lr));
@@ -87,7 +82,7 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
     double loss_sum = 0;
     for (int s = 0; s < slices; ++s) {
       auto loss = loss_of(compute(tokens.narrow(0, s * local, local)),
-                          targets.narrow(0, s * local, local), spec.model.classes);
+                          targets.narrow(0, s * local, local), spec.model.output_size());
       loss.backward();
       loss_sum += loss.item<double>();
       auto params = compute->parameters();
@@ -151,7 +146,7 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
     auto my_tokens = tokens.narrow(0, pg->rank() * local, local);
     auto my_targets = targets.narrow(0, pg->rank() * local, local);
     opt.zero_grad();
-    auto loss = loss_of(root(my_tokens), my_targets, spec.model.classes);
+    auto loss = loss_of(root(my_tokens), my_targets, spec.model.output_size());
     loss.backward();
     opt.step();
     auto global = loss.detach().to(at::kFloat).reshape({1}).clone();

@@ -16,28 +16,20 @@
 
 namespace fsdp::testing {
 
-// A MiniLLM-shaped model whose sizes divide by nothing: vocab 1001, dim 60, 3 output classes.
-struct TinyConfig {
-  int64_t vocab = 1001;
-  int64_t dim = 60;
-  int64_t heads = 4;
-  int64_t layers = 2;
-  int64_t classes = 3;
-};
-
-class TinyLMImpl : public torch::nn::Module {
- public:
-  explicit TinyLMImpl(const TinyConfig& c);
-  torch::Tensor forward(const torch::Tensor& tokens);
-
-  torch::nn::Embedding embed{nullptr};
-  std::vector<Unit<minillm::TransformerBlock>> layers;
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(TinyLM);
+// MiniLLM at sizes that divide by nothing: vocab 1001, dim 60, a head of 3 outputs.
+using TinyLM = minillm::MiniLLM;
+inline minillm::Config tiny_config() {
+  minillm::Config c;
+  c.vocab = 1001;
+  c.dim = 60;
+  c.layers = 2;
+  c.heads = 4;
+  c.outputs = 3;
+  return c;
+}
 
 struct TrainSpec {
-  TinyConfig model;
+  minillm::Config model = tiny_config();
   int steps = 10;
   int64_t batch = 12;  // global: divides by 1, 2, 3 and 4
   int64_t seq = 5;
@@ -76,6 +68,13 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg);
 // max |a - b| / max(|b|, 1e-12) over all elements of matching parameters, and of losses.
 double max_rel_param_error(const TrainResult& got, const TrainResult& want);
 double max_rel_loss_error(const TrainResult& got, const TrainResult& want);
+
+// Cross entropy of [.., classes] logits against [..] targets.
+at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets, int64_t classes);
+
+// Prints both errors (labelled, with the world size) and expects each below `tolerance`.
+void expect_parity(const std::string& label, int world, const TrainResult& got,
+                   const TrainResult& want, double tolerance);
 
 // The full tensor of a parameter sharded by fully_shard (rows of every rank), from its shard.
 at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0);
