@@ -137,6 +137,42 @@ TEST(NestedUnusedBuffers, MatchSingleProcess) {
       test_options());
 }
 
+// Gradient accumulation: two micro-batches per step without zero_grad between them add up in
+// the sharded gradients, matching one pass over both (SGD, so rounding is not amplified).
+TEST(GradientAccumulation, MicroBatchesAddUpInShardedGrads) {
+  run_local_ranks(
+      2,
+      [](const ProcessGroupPtr& pg) {
+        TrainSpec spec;
+        std::vector<at::Tensor> finals[2];
+        for (int micro : {1, 2}) {
+          auto model = build_model(spec);
+          for (auto& layer : model->layers) fully_shard(layer, pg);
+          auto root = fully_shard(model, pg);
+          torch::optim::SGD opt(root->parameters(), torch::optim::SGDOptions(0.1));
+          for (int step = 0; step < 3; ++step) {
+            auto [tokens, targets] = global_batch(spec, step);
+            auto mine = tokens.narrow(0, pg->rank() * 6, 6);
+            auto my_targets = targets.narrow(0, pg->rank() * 6, 6);
+            opt.zero_grad();
+            const int64_t each = 6 / micro;
+            for (int m = 0; m < micro; ++m) {
+              auto logits = root(mine.narrow(0, m * each, each));
+              (loss_of(logits, my_targets.narrow(0, m * each, each), spec.model.output_size()) /
+               micro)
+                  .backward();
+            }
+            opt.step();
+          }
+          for (const auto& p : model->parameters()) finals[micro - 1].push_back(p.detach().clone());
+        }
+        for (size_t i = 0; i < finals[0].size(); ++i) {
+          EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
+        }
+      },
+      test_options());
+}
+
 TEST(ManualUnshard, GathersAndFreesOnRequest) {
   run_local_ranks(
       2,
