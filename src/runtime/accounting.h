@@ -1,10 +1,14 @@
-// Internal: byte counters of one tree of units (a root and everything inside it), for
-// MemoryStats. Only the owning rank's thread touches them.
+// Internal: what one tree of units (a root and everything inside it) shares: byte counters for
+// MemoryStats and the pool its large CPU buffers come from. Only the owning rank's thread
+// touches them.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+
+#include "runtime/buffer_pool.h"
 
 namespace fsdp::detail {
 
@@ -15,6 +19,7 @@ struct Accounting {
   int64_t peak_comm_bytes = 0;
   // Time the compute thread spent blocked waiting for collectives: exposed communication.
   double exposed_comm_seconds = 0;
+  std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
 
   void add_full(int64_t n) {
     full_bytes += n;

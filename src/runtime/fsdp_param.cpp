@@ -25,7 +25,7 @@ FsdpParam::FsdpParam(std::string name, at::Tensor param, int rank, int world,
 void FsdpParam::allocate_full(Accounting& acct) {
   if (full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr(storage->allocator()->allocate(full_nbytes_));
+  storage->set_data_ptr(acct.pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
   storage->set_nbytes(full_nbytes_);
   full_allocated_ = true;
   acct.add_full(full_nbytes_);
@@ -34,7 +34,8 @@ void FsdpParam::allocate_full(Accounting& acct) {
 void FsdpParam::release_full(Accounting& acct) {
   if (!full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  // Dropping the DataPtr frees the bytes; views autograd saved keep the (now empty) storage.
+  // Dropping the DataPtr frees the bytes (to the pool); views autograd saved keep the (now
+  // empty) storage.
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
   full_allocated_ = false;

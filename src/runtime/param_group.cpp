@@ -61,12 +61,12 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
 void ParamGroup::unshard_async(Accounting& acct) {
   if (state_ != State::kSharded || params_.empty() || passthrough_) return;
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
-  // Padding rows of ranks with fewer rows must be defined values (they are sent).
-  gather_in_ = needs_padding_ ? at::zeros({padded_total_}, opts) : at::empty({padded_total_}, opts);
+  gather_in_ = acct.pool->take(padded_total_, opts);
+  if (needs_padding_) gather_in_.zero_();  // padding rows are sent: defined values
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].copy_shard_to(gather_in_.narrow(0, gather_offset_[i], params_[i].padded_numel()));
   }
-  gather_out_ = at::empty({pg_->size() * padded_total_}, opts);
+  gather_out_ = acct.pool->take(pg_->size() * padded_total_, opts);
   acct.add_comm(bytes_of(gather_in_) + bytes_of(gather_out_));
   gather_work_ = pg_->all_gather(gather_out_, gather_in_);
   state_ = State::kGathering;
@@ -89,19 +89,23 @@ void ParamGroup::wait_unshard(Accounting& acct) {
                               ranges_[i], acct);
     params_[i].use_full();
   }
-  acct.add_comm(-(bytes_of(gather_in_) + bytes_of(gather_out_)));
-  gather_in_ = gather_out_ = at::Tensor();
-  gather_work_.reset();
+  release_gather_buffers(acct);
   state_ = State::kFull;
+}
+
+void ParamGroup::release_gather_buffers(Accounting& acct) {
+  gather_work_.reset();
+  acct.add_comm(-(bytes_of(gather_in_) + bytes_of(gather_out_)));
+  acct.pool->give(std::move(gather_in_));
+  acct.pool->give(std::move(gather_out_));
+  gather_in_ = gather_out_ = at::Tensor();
 }
 
 void ParamGroup::reshard(Accounting& acct) {
   if (state_ == State::kGathering) {
     // A prefetch nobody consumed: let it land before its buffers go.
     gather_work_->wait();
-    acct.add_comm(-(bytes_of(gather_in_) + bytes_of(gather_out_)));
-    gather_in_ = gather_out_ = at::Tensor();
-    gather_work_.reset();
+    release_gather_buffers(acct);
   }
   for (auto& p : params_) p.use_shard(acct);
   state_ = State::kSharded;
@@ -140,7 +144,7 @@ bool ParamGroup::post_backward(Accounting& acct) {
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
   // Zeros: padding rows and parameters without a gradient contribute nothing.
-  auto in = at::zeros({world * reduce_total_}, opts);
+  auto in = acct.pool->take(world * reduce_total_, opts).zero_();
   auto per_rank = in.view({world, reduce_total_});
   reduced_has_grad_.assign(params_.size(), false);
   bool any = false;
@@ -151,10 +155,13 @@ bool ParamGroup::post_backward(Accounting& acct) {
     any |= reduced_has_grad_[i];
   }
   reduced_this_backward_ = true;
-  reshard(acct);           // full gradients are gone; full parameters are no longer needed
-  if (!any) return false;  // the same on every rank: the graphs are the same
+  reshard(acct);  // full gradients are gone; full parameters are no longer needed
+  if (!any) {     // the same on every rank: the graphs are the same
+    acct.pool->give(std::move(in));
+    return false;
+  }
   reduce_in_ = in;
-  reduce_out_ = at::empty({reduce_total_}, opts);
+  reduce_out_ = acct.pool->take(reduce_total_, opts);
   acct.add_comm(bytes_of(reduce_in_) + bytes_of(reduce_out_));
   reduce_work_ = pg_->reduce_scatter(reduce_out_, reduce_in_, ReduceOp::kAvg);
   return true;
@@ -171,9 +178,11 @@ void ParamGroup::finish_reduce(Accounting& acct) {
       params_[i].accumulate_shard_grad(
           reduce_out_.narrow(0, reduce_offset_[i], params_[i].padded_numel()));
     }
+    reduce_work_.reset();  // the backend's last reference to the buffers
     acct.add_comm(-(bytes_of(reduce_in_) + bytes_of(reduce_out_)));
+    acct.pool->give(std::move(reduce_in_));
+    acct.pool->give(std::move(reduce_out_));
     reduce_in_ = reduce_out_ = at::Tensor();
-    reduce_work_.reset();
   }
 }
 

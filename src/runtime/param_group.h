@@ -53,6 +53,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
  private:
   enum class State { kSharded, kGathering, kFull };
+  // After a gather completed: returns its buffers to the pool.
+  void release_gather_buffers(Accounting& acct);
 
   ProcessGroupPtr pg_;
   MixedPrecisionPolicy mp_;

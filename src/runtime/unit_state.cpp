@@ -218,6 +218,7 @@ MemoryStats UnitState::memory_stats() const {
   m.comm_buffer_bytes = acct_->comm_bytes;
   m.peak_comm_buffer_bytes = acct_->peak_comm_bytes;
   m.exposed_comm_seconds = acct_->exposed_comm_seconds;
+  m.cached_buffer_bytes = acct_->pool->pooled_bytes();
   return m;
 }
 
