@@ -3,23 +3,21 @@
 // Compare with the machine's memory copy bandwidth, printed first.
 //   mpirun -np N build/bin/collectives_bench [--backend mpi]     (processes)
 //   build/bin/collectives_bench --backend local --world N         (thread ranks)
-#include <CLI/CLI.hpp>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
-
-#include <ATen/Parallel.h>
 
 #include "fsdp/fsdp.h"
 
 namespace {
 
 double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double median(std::vector<double> v) {
@@ -75,8 +73,7 @@ std::vector<Row> run(fsdp::ProcessGroup& pg, int64_t max_bytes, int iters) {
 }
 
 void print(const std::vector<Row>& rows, const std::string& backend, int world) {
-  fmt::print("backend {} | world {} | float32 | busbw = bytes x (n-1)/n / time\n", backend,
-             world);
+  fmt::print("backend {} | world {} | float32 | busbw = bytes x (n-1)/n / time\n", backend, world);
   fmt::print("{:>12} {:>12} {:>12} {:>12} {:>12}\n", "bytes", "ag us", "ag GB/s", "rs us",
              "rs GB/s");
   for (const auto& r : rows) {

@@ -87,9 +87,8 @@ std::unique_ptr<Dataset> make_text_dataset(const std::string& path, int64_t seq,
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   if (static_cast<int64_t>(bytes.size()) < seq + 2) {
-    throw std::runtime_error(
-        fmt::format("data file {} has {} bytes, fewer than one sequence of {} + 1", path,
-                    bytes.size(), seq));
+    throw std::runtime_error(fmt::format(
+        "data file {} has {} bytes, fewer than one sequence of {} + 1", path, bytes.size(), seq));
   }
   return std::make_unique<TextDataset>(path, std::move(bytes), seq, seed);
 }

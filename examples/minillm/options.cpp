@@ -1,8 +1,8 @@
 #include "options.h"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <map>
 
@@ -30,10 +30,10 @@ std::string check(const Options& o, int world_size) {
   auto positive = [](int64_t v, const char* flag) -> std::string {
     return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
   };
-  for (auto err : {positive(o.model.vocab, "--vocab"), positive(o.model.dim, "--dim"),
-                   positive(o.model.layers, "--layers"), positive(o.model.heads, "--heads"),
-                   positive(o.seq, "--seq"), positive(o.batch, "--batch"),
-                   positive(o.steps, "--steps")}) {
+  for (auto err :
+       {positive(o.model.vocab, "--vocab"), positive(o.model.dim, "--dim"),
+        positive(o.model.layers, "--layers"), positive(o.model.heads, "--heads"),
+        positive(o.seq, "--seq"), positive(o.batch, "--batch"), positive(o.steps, "--steps")}) {
     if (!err.empty()) return err;
   }
   if (o.model.dim % o.model.heads != 0) {
@@ -55,13 +55,12 @@ std::string check(const Options& o, int world_size) {
                          o.data);
     }
     if (std::filesystem::file_size(o.data, ec) < static_cast<uintmax_t>(o.seq + 2)) {
-      return fmt::format("--data {}: the file is shorter than one sequence of {} bytes + 1",
-                         o.data, o.seq);
+      return fmt::format("--data {}: the file is shorter than one sequence of {} bytes + 1", o.data,
+                         o.seq);
     }
   }
   if (o.data != "synthetic" && o.model.vocab < 256) {
-    return fmt::format("--vocab must be at least 256 to read text as bytes, got {}",
-                       o.model.vocab);
+    return fmt::format("--vocab must be at least 256 to read text as bytes, got {}", o.model.vocab);
   }
   return "";
 }
@@ -69,9 +68,10 @@ std::string check(const Options& o, int world_size) {
 }  // namespace
 
 ParseResult parse_options(int argc, char** argv, int world_size) {
-  CLI::App app{"Train MiniLLM with fsdp (fully sharded data parallel) on CPU or GPU ranks.\n"
-               "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
-               "scripts/launch.sh --nproc N."};
+  CLI::App app{
+      "Train MiniLLM with fsdp (fully sharded data parallel) on CPU or GPU ranks.\n"
+      "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
+      "scripts/launch.sh --nproc N."};
   Options o;
   std::optional<int64_t> vocab, dim, layers, heads, seq, batch;
   std::optional<int> steps;

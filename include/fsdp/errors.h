@@ -1,6 +1,6 @@
 // Typed errors of the fsdp library.
 //
-// Contract: the library never calls exit() or abort() on a user-reachable path. Bad input is
+// Contract: the library never terminates the process on a user-reachable path. Bad input is
 // reported as InvalidArgument before any data is sent; engine failures (MPI, NCCL, CUDA, Gloo)
 // become CommError naming the backend, operation, rank and world size and the engine's own text.
 #pragma once

@@ -49,7 +49,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const std::vector<FsdpParam>& params() const { return params_; }
   std::vector<FsdpParam>& params() { return params_; }
   const ProcessGroupPtr& pg() const { return pg_; }
-  at::ScalarType compute_dtype() const { return compute_dtype_; }
 
  private:
   enum class State { kSharded, kGathering, kFull };

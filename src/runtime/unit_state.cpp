@@ -12,7 +12,7 @@ namespace fsdp::detail {
 UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGroupPtr pg,
                      FullyShardOptions options,
                      std::vector<std::pair<std::string, at::Tensor>> params)
-    : module_(module), module_raw_(module.get()), options_(std::move(options)) {
+    : module_(module), options_(std::move(options)) {
   group_ = std::make_shared<ParamGroup>(std::move(params), std::move(pg), options_.mp_policy);
 }
 

@@ -21,7 +21,6 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
             FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params);
 
   bool module_is(const torch::nn::Module* m) const;
-  std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   ParamGroup& group() { return *group_; }
   const ParamGroup& group() const { return *group_; }
   bool has_parent() const { return has_parent_; }
@@ -55,7 +54,6 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<UnitState*> collect_tree();
 
   std::weak_ptr<torch::nn::Module> module_;
-  const torch::nn::Module* module_raw_;
   FullyShardOptions options_;
   std::shared_ptr<ParamGroup> group_;
   std::shared_ptr<Accounting> acct_ = std::make_shared<Accounting>();
