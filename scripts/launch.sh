@@ -38,12 +38,14 @@ if ! [[ "$port" =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; th
 fi
 
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; }
+# Each rank leads its own process group (setsid), so stopping a rank stops what it started too.
+cleanup() { for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done; }
+own_group=(); command -v setsid > /dev/null && own_group=(setsid)
 trap 'cleanup; exit 130' INT TERM
 
 for ((r = 0; r < nproc; r++)); do
   RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" &
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${own_group[@]}" "$@" &
   pids+=($!)
 done
 

@@ -26,10 +26,10 @@ const bool registered = [] {
 }  // namespace detail
 
 int64_t cuda_peak_allocated_bytes(int device) {
-  using c10::cuda::CUDACachingAllocator::StatType;
   auto stats =
       c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
-  return stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+  // Index 0 is StatType::AGGREGATE, whose namespace moved between libtorch 2.x releases.
+  return stats.allocated_bytes[0].peak;
 }
 
 void cuda_reset_peak_allocated_bytes(int device) {
