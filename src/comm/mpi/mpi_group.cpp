@@ -1,5 +1,6 @@
 // The MPI backend: CPU tensors, blocking MPI collectives run in order on the group's worker
 // thread (detail::OpQueue) so callers overlap communication with compute.
+#include <algorithm>
 #include <climits>
 #include <mutex>
 
@@ -63,24 +64,43 @@ class MpiProcessGroup final : public ProcessGroup {
   // reduce-scatter, but the result is deterministic and bit-identical to the thread-rank
   // backend and to a single process summing the ranks' contributions in order (MPI's own
   // reduction order varies with world size and algorithm), and 16-bit inputs travel in 16 bits
-  // while being summed in float32.
+  // while being summed in float32. It runs in chunks through a small reused receive buffer
+  // (world x kChunkElements), so a large reduction neither allocates an input-sized buffer nor
+  // leaves the data to go cold before it is summed.
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
     return queue_->submit([=] {
-      auto n = output.numel();
-      auto received = at::empty_like(input);
+      const int64_t n = output.numel();
+      const int world = size();
+      count(input);  // displacements are ints: the whole input must fit
+      const int64_t chunk = std::min<int64_t>(n, kChunkElements);
+      if (!scratch_.defined() || scratch_.scalar_type() != input.scalar_type() ||
+          scratch_.numel() < world * chunk) {
+        scratch_ = at::empty({world * std::max<int64_t>(chunk, 1)}, input.options());
+      }
       auto in = detail::as_bits(input);
-      auto out = detail::as_bits(received);
-      call("reduce_scatter", [&] {
-        return MPI_Alltoall(in.data_ptr(), count(output), mpi_type(in.scalar_type()),
-                            out.data_ptr(), count(output), mpi_type(out.scalar_type()), comm_);
-      });
-      auto parts = received.view({size(), n});
+      auto recv = detail::as_bits(scratch_);
+      auto type = mpi_type(in.scalar_type());
       auto acc =
           detail::accumulates_in_fp32(input.scalar_type()) ? at::kFloat : input.scalar_type();
-      auto sum = parts[0].to(acc, /*non_blocking=*/false, /*copy=*/true);
-      for (int r = 1; r < size(); ++r) sum.add_(parts[r]);
-      detail::finish_reduction(output.view(-1), sum, op, size());
+      auto out = output.view(-1);
+      std::vector<int> counts(world), send_at(world), recv_at(world);
+      for (int64_t at_elem = 0; at_elem < n; at_elem += chunk) {
+        const int64_t c = std::min(chunk, n - at_elem);
+        for (int r = 0; r < world; ++r) {
+          counts[r] = static_cast<int>(c);
+          send_at[r] = static_cast<int>(r * n + at_elem);
+          recv_at[r] = static_cast<int>(r * c);
+        }
+        call("reduce_scatter", [&] {
+          return MPI_Alltoallv(in.data_ptr(), counts.data(), send_at.data(), type, recv.data_ptr(),
+                               counts.data(), recv_at.data(), type, comm_);
+        });
+        auto parts = scratch_.narrow(0, 0, world * c).view({world, c});
+        auto sum = parts[0].to(acc, /*non_blocking=*/false, /*copy=*/true);
+        for (int r = 1; r < world; ++r) sum.add_(parts[r]);
+        detail::finish_reduction(out.narrow(0, at_elem, c), sum, op, world);
+      }
     });
   }
 
@@ -154,8 +174,12 @@ class MpiProcessGroup final : public ProcessGroup {
     }
   }
 
+  // Elements per rank per all-to-all round of reduce_scatter: 1 MiB of float32.
+  static constexpr int64_t kChunkElements = 1 << 18;
+
   std::shared_ptr<detail::MpiRuntime> runtime_;
   MPI_Comm comm_;
+  at::Tensor scratch_;  // reduce_scatter's receive buffer; used by the worker thread only
   std::unique_ptr<detail::OpQueue> queue_ = std::make_unique<detail::OpQueue>();
 };
 
