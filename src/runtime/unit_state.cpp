@@ -87,8 +87,8 @@ void UnitState::pre_forward() {
     UnitState* next = r.last_forward_order_[pos];
     if (next != this) next->group_->unshard_async(*acct_);
   }
-  pre_backward_done_ = false;
-  inputs_wrapped_ = inputs_grad_seen_ = 0;
+  // Per-backward counters (pre_backward_done_, inputs_*) are reset by the end-of-backward
+  // callback, not here: several forwards may feed one backward.
 }
 
 at::Tensor UnitState::cast_input(const at::Tensor& input) {
@@ -191,7 +191,7 @@ void UnitState::final_callback() {
     s->group_->end_backward();
     s->group_->reshard(*acct_);
     s->pre_backward_done_ = false;
-    s->inputs_grad_seen_ = 0;
+    s->inputs_wrapped_ = s->inputs_grad_seen_ = 0;
   }
   callback_queued_ = false;
 }

@@ -173,6 +173,79 @@ TEST(GradientAccumulation, MicroBatchesAddUpInShardedGrads) {
       test_options());
 }
 
+// Two forwards feeding one backward (a frozen weight forces the input-side post-backward):
+// the same gradients as two separate backward passes.
+TEST(GradientAccumulation, TwoForwardsOneBackward) {
+  run_local_ranks(
+      2,
+      [](const ProcessGroupPtr& pg) {
+        TrainSpec spec;
+        spec.edit_model = [](TinyLM& m) { m->layers[0]->norm1->weight.set_requires_grad(false); };
+        std::vector<at::Tensor> finals[2];
+        for (int joint : {0, 1}) {
+          auto model = build_model(spec);
+          for (auto& layer : model->layers) fully_shard(layer, pg);
+          auto root = fully_shard(model, pg);
+          torch::optim::SGD opt(root->parameters(), torch::optim::SGDOptions(0.1));
+          for (int step = 0; step < 3; ++step) {
+            auto [tokens, targets] = global_batch(spec, step);
+            auto mine = tokens.narrow(0, pg->rank() * 6, 6);
+            auto my_targets = targets.narrow(0, pg->rank() * 6, 6);
+            opt.zero_grad();
+            auto half = [&](int h) {
+              return loss_of(root(mine.narrow(0, 3 * h, 3)), my_targets.narrow(0, 3 * h, 3),
+                             spec.model.output_size()) /
+                     2;
+            };
+            if (joint) {
+              auto a = half(0);
+              auto b = half(1);
+              (a + b).backward();
+            } else {
+              half(0).backward();
+              half(1).backward();
+            }
+            opt.step();
+          }
+          for (const auto& p : model->parameters()) finals[joint].push_back(p.detach().clone());
+        }
+        for (size_t i = 0; i < finals[0].size(); ++i) {
+          EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
+        }
+      },
+      test_options());
+}
+
+// Evaluation under NoGradGuard frees everything after forward (the root too) and leaves
+// training afterwards unaffected.
+TEST(Evaluation, NoGradForwardFreesAllAndTrainingGoesOn) {
+  run_local_ranks(
+      2,
+      [](const ProcessGroupPtr& pg) {
+        TrainSpec spec;
+        spec.steps = 3;
+        auto model = build_model(spec);
+        for (auto& layer : model->layers) fully_shard(layer, pg);
+        auto root = fully_shard(model, pg);
+        auto [tokens, targets] = global_batch(spec, 0);
+        at::Tensor eval_logits;
+        {
+          torch::NoGradGuard no_grad;
+          eval_logits = root(tokens.narrow(0, pg->rank() * 6, 6));
+        }
+        EXPECT_FALSE(eval_logits.requires_grad());
+        EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+        torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-2));
+        opt.zero_grad();
+        auto logits = root(tokens.narrow(0, pg->rank() * 6, 6));
+        EXPECT_TRUE(at::allclose(logits.detach(), eval_logits, 1e-6, 1e-6));
+        loss_of(logits, targets.narrow(0, pg->rank() * 6, 6), spec.model.output_size()).backward();
+        opt.step();
+        EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+      },
+      test_options());
+}
+
 TEST(ManualUnshard, GathersAndFreesOnRequest) {
   run_local_ranks(
       2,
