@@ -43,8 +43,10 @@ void FsdpParam::release_full(Accounting& acct) {
 }
 
 void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
-  if (shard_.numel() == 0) return;
-  dst.narrow(0, 0, shard_.numel()).copy_(shard_.view(-1));
+  const int64_t n = shard_.numel();
+  if (n > 0) dst.narrow(0, 0, n).copy_(shard_.view(-1));
+  // Padding is sent too: zero exactly that tail rather than the whole buffer.
+  if (n < dst.numel()) dst.narrow(0, n, dst.numel() - n).zero_();
 }
 
 void FsdpParam::copy_full_from(const at::Tensor& gathered, const std::vector<ShardRange>& ranges,
@@ -79,19 +81,24 @@ void FsdpParam::use_shard(Accounting& acct) {
 }
 
 bool FsdpParam::take_full_grad_into(const at::Tensor& dst, const std::vector<ShardRange>& ranges) {
-  if (!holds_full_) return false;
-  at::Tensor grad = param_.grad();
-  if (!grad.defined()) return false;
-  param_.mutable_grad() = at::Tensor();
+  at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
   at::NoGradGuard no_grad;
+  if (!grad.defined()) {
+    dst.zero_();  // contributes nothing to the reduction
+    return false;
+  }
+  param_.mutable_grad() = at::Tensor();
   auto grad_rows = grad.reshape({full_shape_[0], row_numel_});
+  const int64_t padded = padded_numel();
   for (size_t r = 0; r < ranges.size(); ++r) {
-    int64_t rows = ranges[r].rows();
-    if (rows == 0) continue;
-    dst[r]
-        .narrow(0, 0, rows * row_numel_)
-        .view({rows, row_numel_})
-        .copy_(grad_rows.narrow(0, ranges[r].begin, rows));
+    const int64_t n = ranges[r].rows() * row_numel_;
+    if (n > 0) {
+      dst[r]
+          .narrow(0, 0, n)
+          .view({ranges[r].rows(), row_numel_})
+          .copy_(grad_rows.narrow(0, ranges[r].begin, ranges[r].rows()));
+    }
+    if (n < padded) dst[r].narrow(0, n, padded - n).zero_();  // padding rows
   }
   return true;
 }

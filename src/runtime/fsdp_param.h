@@ -46,7 +46,7 @@ class FsdpParam {
   bool holds_full() const { return holds_full_; }
 
   // Writes this rank's shard, cast to dst's dtype, into dst (padded_numel() elements; the
-  // padding is left as is).
+  // padding is zeroed).
   void copy_shard_to(const at::Tensor& dst) const;
   // Fills the full tensor from a gathered [world, padded_numel()] view (one row per rank),
   // allocating its bytes first.
@@ -57,8 +57,9 @@ class FsdpParam {
   void use_full();
   void use_shard(Accounting& acct);
 
-  // Moves autograd's full gradient out of grad() (undefined if none) and writes its rows into
-  // a [world, padded_numel()] view in the reduce dtype.
+  // Moves autograd's full gradient out of grad() and writes its rows into a
+  // [world, padded_numel()] view in the reduce dtype, zeroing padding. Without a gradient it
+  // zeroes the whole view and returns false.
   bool take_full_grad_into(const at::Tensor& dst, const std::vector<ShardRange>& ranges);
   // Adds this rank's reduced rows (padded_numel() elements, any dtype) to the sharded grad.
   void accumulate_shard_grad(const at::Tensor& reduced);

@@ -49,7 +49,6 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
     if (fp.requires_grad()) reduce_total_ += fp.padded_numel();
     std::vector<ShardRange> ranges;
     for (int r = 0; r < world; ++r) ranges.push_back(shard_range(dim0, world, r));
-    needs_padding_ |= ranges.front().rows_per_rank * world != dim0;
     ranges_.push_back(std::move(ranges));
   }
   grad_ready_.assign(params_.size(), false);
@@ -61,8 +60,7 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
 void ParamGroup::unshard_async(Accounting& acct) {
   if (state_ != State::kSharded || params_.empty() || passthrough_) return;
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
-  gather_in_ = acct.pool->take(padded_total_, opts);
-  if (needs_padding_) gather_in_.zero_();  // padding rows are sent: defined values
+  gather_in_ = acct.pool->take(padded_total_, opts);  // every element written below
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].copy_shard_to(gather_in_.narrow(0, gather_offset_[i], params_[i].padded_numel()));
   }
@@ -143,8 +141,8 @@ bool ParamGroup::post_backward(Accounting& acct) {
   }
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
-  // Zeros: padding rows and parameters without a gradient contribute nothing.
-  auto in = acct.pool->take(world * reduce_total_, opts).zero_();
+  // Every element is written below: gradient rows, or zeros for padding and missing gradients.
+  auto in = acct.pool->take(world * reduce_total_, opts);
   auto per_rank = in.view({world, reduce_total_});
   reduced_has_grad_.assign(params_.size(), false);
   bool any = false;

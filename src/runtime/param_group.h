@@ -64,8 +64,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<int64_t> gather_offset_;  // per param
   int64_t reduce_total_ = 0;            // per-rank elements of the reduce layout
   std::vector<int64_t> reduce_offset_;  // per param; -1 when it requires no grad
-  bool needs_padding_ = false;
-  bool passthrough_ = false;  // world size 1 without dtype changes: nothing to move
+  bool passthrough_ = false;            // world size 1 without dtype changes: nothing to move
 
   State state_ = State::kSharded;
   WorkPtr gather_work_;

@@ -27,8 +27,7 @@ TEST_P(CollectiveCounts, PerStep) {
         auto model = build_model(spec);
         FullyShardOptions options;
         options.reshard_after_forward = reshard;
-        for (auto& layer : model->layers) fully_shard(layer, pg, options);
-        auto root = fully_shard(model, pg, options);
+        auto root = shard_model(model, pg, options);
         const int64_t n = static_cast<int64_t>(model->layers.size());
         for (int step = 0; step < 3; ++step) {  // later steps prefetch: counts must not change
           auto [tokens, targets] = global_batch(spec, step);
@@ -137,38 +136,56 @@ TEST(NestedUnusedBuffers, MatchSingleProcess) {
       test_options());
 }
 
+// Three SGD steps (SGD, so rounding is not amplified) of a sharded model on this rank's 6
+// sequences of each global batch; `backward` runs forward and backward for one step. Returns
+// this rank's parameter shards.
+using StepBackward = std::function<void(Unit<TinyLM>& root, const at::Tensor& tokens,
+                                        const at::Tensor& targets, int64_t classes)>;
+std::vector<at::Tensor> train_sgd(const TrainSpec& spec, const ProcessGroupPtr& pg,
+                                  const StepBackward& backward) {
+  auto model = build_model(spec);
+  auto root = shard_model(model, pg);
+  torch::optim::SGD opt(root->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    auto [tokens, targets] = global_batch(spec, step);
+    opt.zero_grad();
+    backward(root, tokens.narrow(0, pg->rank() * 6, 6), targets.narrow(0, pg->rank() * 6, 6),
+             spec.model.output_size());
+    opt.step();
+  }
+  std::vector<at::Tensor> shards;
+  for (const auto& p : model->parameters()) shards.push_back(p.detach().clone());
+  return shards;
+}
+
+void expect_same_parameters(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
+// Half of this rank's sequences (h = 0 or 1), its loss halved.
+at::Tensor half_loss(Unit<TinyLM>& root, const at::Tensor& tokens, const at::Tensor& targets,
+                     int64_t classes, int h) {
+  return loss_of(root(tokens.narrow(0, 3 * h, 3)), targets.narrow(0, 3 * h, 3), classes) / 2;
+}
+
 // Gradient accumulation: two micro-batches per step without zero_grad between them add up in
-// the sharded gradients, matching one pass over both (SGD, so rounding is not amplified).
+// the sharded gradients, matching one pass over both.
 TEST(GradientAccumulation, MicroBatchesAddUpInShardedGrads) {
   run_local_ranks(
       2,
       [](const ProcessGroupPtr& pg) {
         TrainSpec spec;
-        std::vector<at::Tensor> finals[2];
-        for (int micro : {1, 2}) {
-          auto model = build_model(spec);
-          for (auto& layer : model->layers) fully_shard(layer, pg);
-          auto root = fully_shard(model, pg);
-          torch::optim::SGD opt(root->parameters(), torch::optim::SGDOptions(0.1));
-          for (int step = 0; step < 3; ++step) {
-            auto [tokens, targets] = global_batch(spec, step);
-            auto mine = tokens.narrow(0, pg->rank() * 6, 6);
-            auto my_targets = targets.narrow(0, pg->rank() * 6, 6);
-            opt.zero_grad();
-            const int64_t each = 6 / micro;
-            for (int m = 0; m < micro; ++m) {
-              auto logits = root(mine.narrow(0, m * each, each));
-              (loss_of(logits, my_targets.narrow(0, m * each, each), spec.model.output_size()) /
-               micro)
-                  .backward();
-            }
-            opt.step();
-          }
-          for (const auto& p : model->parameters()) finals[micro - 1].push_back(p.detach().clone());
-        }
-        for (size_t i = 0; i < finals[0].size(); ++i) {
-          EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
-        }
+        auto one = train_sgd(spec, pg, [](auto& root, auto& x, auto& y, int64_t classes) {
+          loss_of(root(x), y, classes).backward();
+        });
+        auto two = train_sgd(spec, pg, [](auto& root, auto& x, auto& y, int64_t classes) {
+          half_loss(root, x, y, classes, 0).backward();
+          half_loss(root, x, y, classes, 1).backward();
+        });
+        expect_same_parameters(two, one);
       },
       test_options());
 }
@@ -181,37 +198,16 @@ TEST(GradientAccumulation, TwoForwardsOneBackward) {
       [](const ProcessGroupPtr& pg) {
         TrainSpec spec;
         spec.edit_model = [](TinyLM& m) { m->layers[0]->norm1->weight.set_requires_grad(false); };
-        std::vector<at::Tensor> finals[2];
-        for (int joint : {0, 1}) {
-          auto model = build_model(spec);
-          for (auto& layer : model->layers) fully_shard(layer, pg);
-          auto root = fully_shard(model, pg);
-          torch::optim::SGD opt(root->parameters(), torch::optim::SGDOptions(0.1));
-          for (int step = 0; step < 3; ++step) {
-            auto [tokens, targets] = global_batch(spec, step);
-            auto mine = tokens.narrow(0, pg->rank() * 6, 6);
-            auto my_targets = targets.narrow(0, pg->rank() * 6, 6);
-            opt.zero_grad();
-            auto half = [&](int h) {
-              return loss_of(root(mine.narrow(0, 3 * h, 3)), my_targets.narrow(0, 3 * h, 3),
-                             spec.model.output_size()) /
-                     2;
-            };
-            if (joint) {
-              auto a = half(0);
-              auto b = half(1);
-              (a + b).backward();
-            } else {
-              half(0).backward();
-              half(1).backward();
-            }
-            opt.step();
-          }
-          for (const auto& p : model->parameters()) finals[joint].push_back(p.detach().clone());
-        }
-        for (size_t i = 0; i < finals[0].size(); ++i) {
-          EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
-        }
+        auto separate = train_sgd(spec, pg, [](auto& root, auto& x, auto& y, int64_t classes) {
+          half_loss(root, x, y, classes, 0).backward();
+          half_loss(root, x, y, classes, 1).backward();
+        });
+        auto joint = train_sgd(spec, pg, [](auto& root, auto& x, auto& y, int64_t classes) {
+          auto a = half_loss(root, x, y, classes, 0);
+          auto b = half_loss(root, x, y, classes, 1);
+          (a + b).backward();
+        });
+        expect_same_parameters(joint, separate);
       },
       test_options());
 }
@@ -225,8 +221,7 @@ TEST(Evaluation, NoGradForwardFreesAllAndTrainingGoesOn) {
         TrainSpec spec;
         spec.steps = 3;
         auto model = build_model(spec);
-        for (auto& layer : model->layers) fully_shard(layer, pg);
-        auto root = fully_shard(model, pg);
+        auto root = shard_model(model, pg);
         auto [tokens, targets] = global_batch(spec, 0);
         at::Tensor eval_logits;
         {
@@ -274,8 +269,7 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
         for (const auto& p : model->layers[0]->parameters()) block_bytes += p.nbytes();
         for (const auto& p : model->parameters()) total_bytes += p.nbytes();
         const int64_t root_bytes = total_bytes - 2 * block_bytes;
-        for (auto& layer : model->layers) fully_shard(layer, pg);
-        auto root = fully_shard(model, pg);
+        auto root = shard_model(model, pg);
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-3));
         auto [tokens, targets] = global_batch(spec, 0);
         loss_of(root(tokens.narrow(0, pg->rank() * 6, 6)), targets.narrow(0, pg->rank() * 6, 6),
@@ -306,8 +300,7 @@ TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
     auto r = shard_range(p.size(0), 8, 7);
     expected += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
   }
-  for (auto& layer : model->layers) fully_shard(layer, pg);
-  auto root = fully_shard(model, pg);
+  auto root = shard_model(model, pg);
   auto [tokens, targets] = global_batch(spec, 0);
   pg->reset_stats();
   loss_of(root(tokens.narrow(0, 0, 2)), targets.narrow(0, 0, 2), spec.model.output_size())

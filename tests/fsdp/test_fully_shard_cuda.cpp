@@ -68,8 +68,7 @@ TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {
     expected += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
   }
   FullyShardOptions opts{s.mp, std::nullopt};
-  for (auto& layer : model->layers) fully_shard(layer, pg, opts);
-  auto root = fully_shard(model, pg, opts);
+  auto root = shard_model(model, pg, opts);
   auto [tokens, targets] = global_batch(s, 0);
   pg->reset_stats();
   auto logits = root(tokens.narrow(0, 0, 2).to(s.device));

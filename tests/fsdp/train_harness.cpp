@@ -107,6 +107,12 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
   return result;
 }
 
+Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
+                         const FullyShardOptions& options) {
+  for (auto& layer : model->layers) fully_shard(layer, pg, options);
+  return fully_shard(model, pg, options);
+}
+
 at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0) {
   int world = pg->size();
   auto range = shard_range(full_dim0, world, pg->rank());
@@ -133,8 +139,7 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
 
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
-  for (auto& layer : model->layers) fully_shard(layer, pg, options);
-  auto root = fully_shard(model, pg, options);
+  auto root = shard_model(model, pg, options);
   auto opt = make_optimizer(root->parameters(), spec);
 
   int world = pg->size();

@@ -54,6 +54,10 @@ TinyLM build_model(const TrainSpec& spec);
 // Global batch of `step`: tokens [batch, seq] and class targets [batch, seq].
 std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step);
 
+// Shards every block of `model`, then the root, as a training program does.
+Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
+                         const FullyShardOptions& options = {});
+
 // Single process, no FSDP: each step runs forward/backward on `slices` equal slices of the
 // global batch and steps AdamW on the average of their gradients, the order of operations
 // data parallelism uses (slices = 1 is plain full-batch training). With spec.mp.param_dtype
