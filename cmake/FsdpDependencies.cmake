@@ -1,15 +1,15 @@
 # Finds libtorch, fmt and the optional engines; sets FSDP_HAVE_<ENGINE> for each backend built.
 
-find_package(Torch REQUIRED)
+include(FsdpFindTorch)
 
-# FSDP_DEPS_DIR: machines without Debian's packages (the GPU machine) use header-only fmt,
-# CLI11 and nlohmann-json and GoogleTest's sources copied by scripts/gpu_bundle_deps.sh.
+# fmt: libtorch ships fmt's headers (12.1 in torch 2.11) in its include directory, ahead of
+# the system's, and its own c10d headers include them; so fmt is used header-only from there
+# (FMT_HEADER_ONLY, set on the fsdp target) and no other fmt is linked, which would mix versions.
+
+# FSDP_DEPS_DIR: machines without Debian's packages (the GPU machine) use header-only CLI11 and
+# nlohmann-json and GoogleTest's sources copied by scripts/gpu_bundle_deps.sh.
 set(FSDP_DEPS_DIR "" CACHE PATH "Bundled dependencies (scripts/gpu_bundle_deps.sh); empty: system")
 if(FSDP_DEPS_DIR)
-  add_library(fsdp_fmt_header_only INTERFACE)
-  target_include_directories(fsdp_fmt_header_only SYSTEM INTERFACE ${FSDP_DEPS_DIR}/include)
-  target_compile_definitions(fsdp_fmt_header_only INTERFACE FMT_HEADER_ONLY)
-  add_library(fmt::fmt ALIAS fsdp_fmt_header_only)
   add_library(fsdp_header_deps INTERFACE)
   target_include_directories(fsdp_header_deps SYSTEM INTERFACE ${FSDP_DEPS_DIR}/include)
   add_library(CLI11::CLI11 ALIAS fsdp_header_deps)
@@ -20,9 +20,9 @@ if(FSDP_DEPS_DIR)
     add_library(GTest::gtest ALIAS gtest)
     add_library(GTest::gtest_main ALIAS gtest_main)
   endif()
-  set(FSDP_INSTALL OFF)  # bundled header-only fmt cannot be exported with the package
+  set(FSDP_INSTALL OFF)  # a build for one machine's checks, not a package
 else()
-  find_package(fmt REQUIRED)
+  find_package(nlohmann_json REQUIRED)
   set(FSDP_INSTALL ON)
 endif()
 set(FSDP_BACKEND_SUMMARY "")
@@ -47,38 +47,38 @@ if(NOT FSDP_WITH_MPI STREQUAL "OFF")
 endif()
 fsdp_resolve_backend(MPI MPI_C_FOUND)
 
-# Gloo: libtorch links libgloo, but ships its headers only in some distributions.
+# Gloo: c10d's ProcessGroupGloo, compiled into libtorch_cpu. The wheel ships c10d's headers but
+# not gloo's; src/comm/gloo/gloo_decls/ declares the few gloo names ProcessGroupGloo.hpp mentions
+# (all behind pointers), so nothing else is needed (see that folder's README).
 if(NOT FSDP_WITH_GLOO STREQUAL "OFF")
-  find_path(FSDP_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS})
-  find_library(FSDP_GLOO_LIBRARY NAMES gloo HINTS ${TORCH_INSTALL_PREFIX}/lib)
-  if(FSDP_GLOO_INCLUDE_DIR AND EXISTS
-     "${TORCH_INSTALL_PREFIX}/include/torch/csrc/distributed/c10d/ProcessGroupGloo.hpp")
+  set(_gloo_header "${TORCH_INSTALL_PREFIX}/include/torch/csrc/distributed/c10d/ProcessGroupGloo.hpp")
+  if(EXISTS "${_gloo_header}")
     set(_gloo_found TRUE)
-  endif()
-  if(NOT FSDP_GLOO_LIBRARY)
-    # PyTorch wheels link gloo statically into libtorch_cpu: nothing more to link.
-    set(FSDP_GLOO_LIBRARY "")
   endif()
 endif()
 fsdp_resolve_backend(GLOO _gloo_found)
-
-# NCCL: the CUDA toolkit's runtime plus nccl.h/libnccl (in the toolkit or a pip wheel).
-if(NOT FSDP_WITH_NCCL STREQUAL "OFF")
-  find_package(CUDAToolkit QUIET)
-  find_path(FSDP_NCCL_INCLUDE_DIR nccl.h
-            HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME ENV NCCL_INCLUDE_DIR
-            PATH_SUFFIXES include)
-  find_library(FSDP_NCCL_LIBRARY NAMES nccl libnccl.so.2
-               HINTS ${CUDAToolkit_LIBRARY_DIR} ENV NCCL_HOME ENV NCCL_LIB_DIR
-               PATH_SUFFIXES lib lib64)
-  if(CUDAToolkit_FOUND AND FSDP_NCCL_INCLUDE_DIR AND FSDP_NCCL_LIBRARY)
-    set(_nccl_found TRUE)
-  endif()
-endif()
-fsdp_resolve_backend(NCCL _nccl_found)
 
 # Whether this libtorch was built with CUDA (then c10/cuda headers compile and link).
 set(FSDP_TORCH_HAS_CUDA FALSE)
 if(TARGET torch_cuda OR TARGET c10_cuda)
   set(FSDP_TORCH_HAS_CUDA TRUE)
 endif()
+
+# NCCL: the CUDA toolkit's runtime plus nccl.h/libnccl. The wheel's own NCCL (nvidia-nccl-cu13,
+# beside torch in site-packages) comes first: a process holds one libnccl.so.2, and libtorch_cuda
+# already loads that one.
+if(NOT FSDP_WITH_NCCL STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  get_filename_component(_wheel_nccl "${TORCH_INSTALL_PREFIX}/../nvidia/nccl" ABSOLUTE)
+  find_path(FSDP_NCCL_INCLUDE_DIR nccl.h
+            HINTS ${_wheel_nccl} ENV NCCL_HOME ENV NCCL_INCLUDE_DIR ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  find_library(FSDP_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+               HINTS ${_wheel_nccl} ENV NCCL_HOME ENV NCCL_LIB_DIR ${CUDAToolkit_LIBRARY_DIR}
+               PATH_SUFFIXES lib lib64)
+  # The backend orders its work after c10's current CUDA stream: a CUDA build of libtorch.
+  if(FSDP_TORCH_HAS_CUDA AND CUDAToolkit_FOUND AND FSDP_NCCL_INCLUDE_DIR AND FSDP_NCCL_LIBRARY)
+    set(_nccl_found TRUE)
+  endif()
+endif()
+fsdp_resolve_backend(NCCL _nccl_found)

@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, only the Debian packages this project needs that are missing.
-# Idempotent: a second run installs nothing and prints one line.
+# Installs what this project needs and is missing; idempotent, and quick when all is there.
+#   1. Debian packages (apt-get): compiler, CMake, Open MPI, fmt, GoogleTest, CLI11, nlohmann-json.
+#   2. libtorch: PyTorch 2.11.0 from PyPI, with the Python packages the tests and benchmarks use,
+#      in a virtual environment outside the source tree:
+#        FSDP_VENV (default: $HOME/.cache/fsdp-cpp/venv)
+#      PyPI's default Linux wheel of torch 2.11.0 is the CUDA 13.0 build (about 3 GB to download,
+#      5.5 GB installed); its CPU tensors work on machines without a GPU. CMake finds libtorch
+#      through this environment (cmake/FsdpFindTorch.cmake).
+# Prints the venv path as its last line: "install_deps: libtorch venv <path>".
 set -euo pipefail
+
+torch_version=2.11.0
+venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
 
 packages=(
   g++ cmake make pkg-config
-  libtorch-dev          # libtorch 1.13 (CPU) with c10d's TCPStore and ProcessGroupGloo
-  libgloo-dev           # headers for the libgloo that Debian's libtorch links
-  libopenblas0-pthread  # without it libtorch uses the reference BLAS: ~15x slower training step
   libopenmpi-dev openmpi-bin
-  libfmt-dev libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev
   libcli11-dev          # command-line parsing for the examples and benchmarks
-  nlohmann-json3-dev    # JSON lines for metrics
-  python3-torch         # PyTorch reference for bench/, and the torchrun agent-store test
+  nlohmann-json3-dev    # JSON: metrics lines, safetensors headers
+)
+python_packages=(
+  "torch==${torch_version}"
+  safetensors           # weights exchanged with the PyTorch reference (FSDP2 parity test)
+  numpy                 # torch warns without it; safetensors' numpy API
+  matplotlib            # bench/ plots
 )
 
 missing=()
@@ -21,24 +33,56 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+# A Python to build the venv with: any python3 that has the venv module.
+python=$(command -v python3 || true)
+if [ -z "$python" ] || ! "$python" -c "import venv, ensurepip" 2>/dev/null; then
+  missing+=(python3 python3-venv)
+  python=/usr/bin/python3
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "install_deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-# A fresh machine has no package lists; update only when a package cannot be found.
-if ! $sudo apt-get install -y -q "${missing[@]}" >/tmp/fsdp_apt.log 2>&1; then
-  echo "install_deps: package not found in current lists, running apt-get update"
-  $sudo apt-get update -q >>/tmp/fsdp_apt.log 2>&1
-  $sudo apt-get install -y -q "${missing[@]}" >>/tmp/fsdp_apt.log 2>&1 || {
-    echo "install_deps: apt-get install failed; see /tmp/fsdp_apt.log" >&2
-    tail -20 /tmp/fsdp_apt.log >&2
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "install_deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # A fresh machine has no package lists; update only when a package cannot be found.
+  if ! $sudo apt-get install -y -q "${missing[@]}" >/tmp/fsdp_apt.log 2>&1; then
+    echo "install_deps: package not found in current lists, running apt-get update"
+    $sudo apt-get update -q >>/tmp/fsdp_apt.log 2>&1
+    $sudo apt-get install -y -q "${missing[@]}" >>/tmp/fsdp_apt.log 2>&1 || {
+      echo "install_deps: apt-get install failed; see /tmp/fsdp_apt.log" >&2
+      tail -20 /tmp/fsdp_apt.log >&2
+      exit 1
+    }
+  fi
+else
+  echo "install_deps: all ${#packages[@]} Debian packages present"
+fi
+
+# The venv is complete when every package's metadata is there at the pinned torch version:
+# a directory test, so a second run costs milliseconds instead of importing torch.
+venv_complete() {
+  local site
+  site=$(ls -d "$venv"/lib/python3*/site-packages 2>/dev/null | head -1) || return 1
+  [ -n "$site" ] || return 1
+  ls -d "$site/torch-${torch_version}.dist-info" > /dev/null 2>&1 || return 1
+  for p in safetensors numpy matplotlib; do
+    ls -d "$site/$p"-*.dist-info > /dev/null 2>&1 || return 1
+  done
+}
+
+if venv_complete; then
+  echo "install_deps: torch ${torch_version} present in $venv"
+else
+  echo "install_deps: installing torch ${torch_version} and ${python_packages[*]:1} into $venv"
+  echo "install_deps: (the CUDA 13.0 wheel and its nvidia-* libraries: about 3 GB to download)"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_packages[@]}" \
+    >/tmp/fsdp_pip.log 2>&1 || {
+    echo "install_deps: pip install failed; see /tmp/fsdp_pip.log" >&2
+    tail -20 /tmp/fsdp_pip.log >&2
     exit 1
   }
+  venv_complete || { echo "install_deps: $venv is incomplete after pip install" >&2; exit 1; }
 fi
-echo "install_deps: done"
+echo "install_deps: libtorch venv $venv"

@@ -25,6 +25,13 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// A file's content is not what its format promises (a malformed safetensors header, offsets
+// outside the file, a truncated file). The message names the file and the entry.
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is missing or malformed.
 class LaunchError : public Error {
  public:

@@ -1,5 +1,7 @@
 #include "fsdp/process_group.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "fsdp/errors.h"

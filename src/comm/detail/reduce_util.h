@@ -25,7 +25,7 @@ inline void finish_reduction(const at::Tensor& dst, const at::Tensor& reduced, R
 }
 
 // A same-bytes view for operations that only move bytes (gather, broadcast): bfloat16 as
-// float16, which every engine moves (Gloo in c10d 1.13 knows neither bfloat16 nor int16).
+// float16, which every engine moves (MPI has no bfloat16 type).
 inline at::Tensor as_bits(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
 }

@@ -1,9 +1,8 @@
 // The Gloo backend through libtorch's c10d::ProcessGroupGloo: CPU tensors for torchrun-style
-// launches, where no mpirun started the processes. Chosen because both Debian's libtorch 1.13
-// and PyTorch 2.x carry it, with timeouts that turn a dead peer into an error.
-//
-// c10d differs between 1.13 (ProcessGroup is the backend base, Work nested in it) and 2.x
-// (Backend, c10d::Work); only `auto` and calls present in both are used here.
+// launches, where no mpirun started the processes. Chosen because every PyTorch build carries it,
+// with timeouts that turn a dead peer into an error. In libtorch 2.x it is a c10d::Backend, used
+// here only through that interface; gloo's own headers are absent from the wheel, so the
+// declarations in gloo_decls/ stand in for them (see gloo_decls/README.md).
 #include <cstdlib>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -36,26 +35,26 @@ class GlooProcessGroup final : public ProcessGroup {
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
     return queue_.submit([=] {
-      std::vector<at::Tensor> in{detail::as_bits(input).view(-1)};
-      // Gloo gathers into a list of per-rank tensors; views of the flat output avoid a copy-out.
-      std::vector<std::vector<at::Tensor>> out{detail::as_bits(output).view(-1).chunk(size())};
-      if (input.numel() == 0) return;  // chunk() of an empty tensor yields fewer than size()
-      run("all_gather", [&] { return gloo_->allgather(out, in); });
+      if (input.numel() == 0) return;
+      // Gathers move bytes: bfloat16 travels as float16 bit patterns, unchanged.
+      auto in = detail::as_bits(input).view(-1);
+      auto out = detail::as_bits(output).view(-1);
+      run("all_gather", [&] { return gloo_->_allgather_base(out, in); });
     });
   }
 
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
-    // Gloo in c10d 1.13 has no reduce_scatter: all-reduce a float copy and keep this rank's
-    // slice. It moves size() times more bytes than a ring reduce-scatter; acceptable for the
-    // CPU env-launch path, which MPI replaces when speed matters.
+    // Gloo's _reduce_scatter_base (libtorch 2.x) is an all-reduce of the whole input plus a
+    // copy of this rank's slice: size() times the bytes of a ring reduce-scatter. Acceptable for
+    // the CPU env-launch path; MPI is the fast CPU engine. 16-bit inputs are summed in float32.
     return queue_.submit([=] {
-      auto buf =
-          detail::accumulates_in_fp32(input.scalar_type()) ? input.to(at::kFloat) : input.clone();
-      std::vector<at::Tensor> tensors{buf.view(-1)};
-      run("reduce_scatter", [&] { return gloo_->allreduce(tensors); });
-      auto n = output.numel();
-      detail::finish_reduction(output.view(-1), buf.view(-1).narrow(0, rank() * n, n), op, size());
+      auto in = detail::accumulates_in_fp32(input.scalar_type()) ? input.to(at::kFloat)
+                                                                  : input.contiguous();
+      auto out = at::empty({output.numel()}, in.options());
+      auto in_flat = in.view(-1);
+      run("reduce_scatter", [&] { return gloo_->_reduce_scatter_base(out, in_flat); });
+      detail::finish_reduction(output.view(-1), out, op, size());
     });
   }
 

@@ -8,12 +8,8 @@
 
 namespace fsdp::detail {
 
-// The stream on which the caller's tensor work runs on `device`. Debian's libtorch cannot
-// compile c10/cuda headers, so this library asks a provider: the default returns the legacy
-// default stream (ATen's default); a build against a CUDA libtorch registers one that returns
-// c10::cuda::getCurrentCUDAStream (src/cuda/torch_stream_provider.cpp).
-using CudaStreamProvider = cudaStream_t (*)(int device);
-void set_cuda_stream_provider(CudaStreamProvider provider);
+// The stream on which the caller's tensor work runs on `device`: c10's current stream, so
+// collectives order after whatever the caller queued there (a CUDAStreamGuard included).
 cudaStream_t current_cuda_stream(int device);
 
 // Makes `device` current for the scope, restoring the previous one.

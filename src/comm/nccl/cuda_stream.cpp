@@ -1,22 +1,12 @@
-#include <atomic>
+#include <c10/cuda/CUDAStream.h>
 
 #include "comm/nccl/cuda_check.h"
 
 namespace fsdp::detail {
-namespace {
 
-cudaStream_t legacy_default_stream(int) { return nullptr; }
-
-std::atomic<CudaStreamProvider>& provider() {
-  static std::atomic<CudaStreamProvider> p{&legacy_default_stream};
-  return p;
+cudaStream_t current_cuda_stream(int device) {
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 }
-
-}  // namespace
-
-void set_cuda_stream_provider(CudaStreamProvider p) { provider().store(p); }
-
-cudaStream_t current_cuda_stream(int device) { return provider().load()(device); }
 
 CudaDeviceGuard::CudaDeviceGuard(int device) {
   cudaGetDevice(&previous_);
