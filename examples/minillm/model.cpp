@@ -2,38 +2,69 @@
 
 namespace minillm {
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_) * weight;
+  return torch::rms_norm(x, {weight.size(0)}, weight, /*eps=*/std::nullopt);
+}
+
+SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads) : heads_(heads) {
+  TORCH_CHECK(dim % heads == 0, "attention: dim ", dim, " is not divisible by heads ", heads);
+  in_proj_weight = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
+  in_proj_bias = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
+  out_proj = register_module("out_proj", torch::nn::Linear(dim, dim));
+  // nn.MultiheadAttention._reset_parameters: Xavier for the packed projection, zero biases.
+  torch::NoGradGuard no_grad;
+  torch::nn::init::xavier_uniform_(in_proj_weight);
+  out_proj->bias.zero_();
+}
+
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
+  namespace F = torch::nn::functional;
+  const int64_t batch = x.size(0), seq = x.size(1), dim = x.size(2), head_dim = dim / heads_;
+  // The steps of torch.nn.functional.multi_head_attention_forward (batch_first, q is k is v,
+  // need_weights=False) in PyTorch 2.11, op for op, so both programs run the same kernels.
+  auto h = x.transpose(0, 1);  // [seq, batch, dim]
+  auto proj = F::linear(h, in_proj_weight, in_proj_bias)
+                  .unflatten(-1, {3, dim})
+                  .unsqueeze(0)
+                  .transpose(0, -2)
+                  .squeeze(-2)
+                  .contiguous();  // [3, seq, batch, dim]
+  auto heads_first = [&](const torch::Tensor& t) {
+    return t.view({seq, batch * heads_, head_dim}).transpose(0, 1).view({batch, heads_, seq, head_dim});
+  };
+  auto attn = torch::scaled_dot_product_attention(heads_first(proj[0]), heads_first(proj[1]),
+                                                  heads_first(proj[2]));
+  auto merged = attn.permute({2, 0, 1, 3}).contiguous().view({batch * seq, dim});
+  return F::linear(merged, out_proj->weight, out_proj->bias)
+      .view({seq, batch, dim})
+      .transpose(0, 1);
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
   norm1 = register_module("norm1", RMSNorm(dim));
   norm2 = register_module("norm2", RMSNorm(dim));
-  attn = register_module(
-      "attn", torch::nn::MultiheadAttention(torch::nn::MultiheadAttentionOptions(dim, heads)));
-  fc1 =
-      register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(dim, 4 * dim).bias(false)));
-  fc2 =
-      register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(4 * dim, dim).bias(false)));
+  attn = register_module("attn", SelfAttention(dim, heads));
+  fc1 = torch::nn::Linear(torch::nn::LinearOptions(dim, 4 * dim).bias(false));
+  fc2 = torch::nn::Linear(torch::nn::LinearOptions(4 * dim, dim).bias(false));
+  ffn = register_module("ffn", torch::nn::Sequential(fc1, torch::nn::SiLU(), fc2));
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
-  // libtorch's MultiheadAttention is sequence-first: [seq, batch, dim].
-  auto h = norm1(x).transpose(0, 1);
-  auto a = std::get<0>(attn->forward(h, h, h, /*key_padding_mask=*/{}, /*need_weights=*/false));
-  auto y = x + a.transpose(0, 1);
-  return y + fc2(torch::silu(fc1(norm2(y))));
+  auto y = x + attn(norm1(x));
+  return y + ffn->forward(norm2(y));
 }
 
 MiniLLMImpl::MiniLLMImpl(const Config& c) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
+  auto blocks = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
-    layers.push_back(
-        register_module("layer" + std::to_string(i), TransformerBlock(c.dim, c.heads)));
+    TransformerBlock block(c.dim, c.heads);
+    blocks->push_back(block);
+    layers.push_back(block);
   }
   head = register_module(
       "head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.output_size()).bias(false)));

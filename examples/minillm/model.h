@@ -1,6 +1,12 @@
-// MiniLLM: the model of the PyTorch FSDP2 example (../shared/anchors/py_minillm.py), in libtorch.
+// MiniLLM: the model of the PyTorch FSDP2 example (bench/reference/py_minillm.py), in libtorch.
 // Token embedding; blocks of RMSNorm, multi-head attention, residual, RMSNorm, SiLU MLP
 // (dim -> 4 dim -> dim, no bias), residual; output head dim -> vocab without bias.
+//
+// Kernel for kernel and name for name the PyTorch model: torch::rms_norm with its default eps
+// (nn.RMSNorm), attention computed as PyTorch 2.11's nn.MultiheadAttention does in training
+// with need_weights=False (packed in-projection, scaled_dot_product_attention, out-projection),
+// and named_parameters() equal to PyTorch's (layers.0.attn.in_proj_weight, layers.0.ffn.0.weight,
+// ...), so weights move between the two programs as they are.
 //
 // The blocks are held as fsdp::Unit<TransformerBlock>: a plain pass-through until fully_shard
 // is applied, so the same class is the single-process reference and the sharded model.
@@ -25,17 +31,33 @@ struct Config {
   int64_t output_size() const { return outputs > 0 ? outputs : vocab; }
 };
 
-// x * rsqrt(mean(x^2) + eps) * weight; libtorch has no RMSNorm before 2.4.
+// nn.RMSNorm(dim): x * rsqrt(mean(x^2) + eps) * weight through torch::rms_norm, whose eps
+// defaults to the input dtype's machine epsilon, as PyTorch's module does.
 class RMSNormImpl : public torch::nn::Module {
  public:
-  explicit RMSNormImpl(int64_t dim, double eps = 1e-6);
+  explicit RMSNormImpl(int64_t dim);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
-
- private:
-  double eps_;
 };
 TORCH_MODULE(RMSNorm);
+
+// nn.MultiheadAttention(dim, heads, batch_first=True) used as self-attention without mask,
+// dropout or weights: its parameters (in_proj_weight [3 dim, dim], in_proj_bias [3 dim],
+// out_proj.weight, out_proj.bias, initialised as PyTorch does) and its training forward.
+// libtorch's own MultiheadAttention computes softmax(QK^T)V with separate kernels instead.
+class SelfAttentionImpl : public torch::nn::Module {
+ public:
+  SelfAttentionImpl(int64_t dim, int64_t heads);
+  // x: [batch, seq, dim] -> [batch, seq, dim].
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor in_proj_weight, in_proj_bias;
+  torch::nn::Linear out_proj{nullptr};
+
+ private:
+  int64_t heads_;
+};
+TORCH_MODULE(SelfAttention);
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
@@ -44,7 +66,9 @@ class TransformerBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   RMSNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::MultiheadAttention attn{nullptr};
+  SelfAttention attn{nullptr};
+  // ffn = Sequential(fc1, SiLU, fc2), PyTorch's layout: parameters ffn.0.weight, ffn.2.weight.
+  torch::nn::Sequential ffn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(TransformerBlock);
@@ -56,6 +80,7 @@ class MiniLLMImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
 
   torch::nn::Embedding embed{nullptr};
+  // The blocks, registered as the children of a ModuleList named "layers" (PyTorch's names).
   std::vector<fsdp::Unit<TransformerBlock>> layers;
   torch::nn::Linear head{nullptr};
 };

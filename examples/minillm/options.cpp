@@ -59,6 +59,12 @@ std::string check(const Options& o, int world_size) {
                          o.seq);
     }
   }
+  if (!o.init_from.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(o.init_from, ec)) {
+      return fmt::format("--init-from {}: no such file (expected a safetensors file)", o.init_from);
+    }
+  }
   if (o.data != "synthetic" && o.model.vocab < 256) {
     return fmt::format("--vocab must be at least 256 to read text as bytes, got {}", o.model.vocab);
   }
@@ -97,6 +103,9 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                              kDefaultTextPath))
       ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
+  app.add_option("--init-from", o.init_from,
+                 "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
+                 "e.g. written by bench/reference/py_minillm.py --save-init)");
   app.add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / local ranks)")
       ->capture_default_str();
   app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,

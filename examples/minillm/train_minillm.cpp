@@ -67,6 +67,7 @@ int run(const Options& o) {
   // have), then keeps only its shards.
   torch::manual_seed(o.seed);
   minillm::MiniLLM model(o.model);
+  if (!o.init_from.empty()) fsdp::load_safetensors_into(*model, o.init_from);
   model->to(dist.device);
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();

@@ -10,5 +10,6 @@
 #include "fsdp/memory_stats.h"
 #include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
+#include "fsdp/safetensors.h"
 #include "fsdp/sharding.h"
 #include "fsdp/work.h"

@@ -92,11 +92,15 @@ TEST(FrozenParameters, StayUnchangedAndTheRestMatches) {
         if (pg->rank() != 0) return;
         EXPECT_LT(max_rel_loss_error(got, want), kFp32Tolerance);
         EXPECT_LT(max_rel_param_error(got, want), kFp32Tolerance);
+        size_t frozen_seen = 0;
         for (const auto& [name, value] : got.params) {
-          if (name == "layer0.fc1.weight" || name.rfind("layer1.", 0) == 0) {
+          if (name == "layers.0.ffn.0.weight" || name == "layers.0.norm1.weight" ||
+              name.rfind("layers.1.", 0) == 0) {
             EXPECT_TRUE(at::equal(value, initial->named_parameters()[name])) << name;
+            ++frozen_seen;
           }
         }
+        EXPECT_EQ(frozen_seen, 2 + initial->layers[1]->parameters().size());
       },
       test_options());
 }
