@@ -102,6 +102,11 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
                              kDefaultTextPath))
       ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
+                 "libtorch's torch::optim::AdamW (nine ops per parameter)")
+      ->check(CLI::IsMember({"fused-adamw", "adamw"}))
+      ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "

@@ -83,7 +83,15 @@ int run(const Options& o) {
     fsdp::fully_shard(layer, dist.group, block_opts);
   }
   auto root = fsdp::fully_shard(model, dist.group, shard_opts);
-  torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(o.lr));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (o.optimizer == "fused-adamw") {
+    optimizer = std::make_unique<fsdp::FusedAdamW>(root->parameters(),
+                                                   torch::optim::AdamWOptions(o.lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(root->parameters(),
+                                                      torch::optim::AdamWOptions(o.lr));
+  }
+  auto& opt = *optimizer;
   auto data = open_data(o);
 
   auto shard_bytes = root.memory_stats().sharded_param_bytes;

@@ -5,6 +5,7 @@
 #include "fsdp/device_memory.h"
 #include "fsdp/errors.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/fused_adamw.h"
 #include "fsdp/launch.h"
 #include "fsdp/local_group.h"
 #include "fsdp/memory_stats.h"

@@ -56,7 +56,10 @@ def main():
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, init)
 
-        common = size_flags() + [f"--steps={a.steps}", f"--lr={a.lr}", f"--init-from={init}"]
+        # Both programs step with the fused AdamW kernel (torch.optim.AdamW(fused=True) and
+        # fsdp::FusedAdamW): the same arithmetic, so the losses agree to float rounding.
+        common = size_flags() + [f"--steps={a.steps}", f"--lr={a.lr}", f"--init-from={init}",
+                                 "--optimizer=fused-adamw"]
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
                   f"--port={20000 + os.getpid() % 20000}"] + common, env)
