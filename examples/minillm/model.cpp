@@ -2,9 +2,7 @@
 
 namespace minillm {
 
-RMSNormImpl::RMSNormImpl(int64_t dim) {
-  weight = register_parameter("weight", torch::ones({dim}));
-}
+RMSNormImpl::RMSNormImpl(int64_t dim) { weight = register_parameter("weight", torch::ones({dim})); }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return torch::rms_norm(x, {weight.size(0)}, weight, /*eps=*/std::nullopt);
@@ -34,7 +32,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
                   .squeeze(-2)
                   .contiguous();  // [3, seq, batch, dim]
   auto heads_first = [&](const torch::Tensor& t) {
-    return t.view({seq, batch * heads_, head_dim}).transpose(0, 1).view({batch, heads_, seq, head_dim});
+    return t.view({seq, batch * heads_, head_dim})
+        .transpose(0, 1)
+        .view({batch, heads_, seq, head_dim});
   };
   auto attn = torch::scaled_dot_product_attention(heads_first(proj[0]), heads_first(proj[1]),
                                                   heads_first(proj[2]));

@@ -21,7 +21,7 @@ struct Options {
   std::string data = "auto";   // auto | synthetic | PATH
   std::string metrics_out;
   std::string init_from;  // safetensors file with the initial weights (PyTorch's names)
-  int threads = 0;  // intra-op threads per rank; 0: cores / local ranks
+  int threads = 0;        // intra-op threads per rank; 0: cores / local ranks
   bool reshard_after_forward = true;
   std::string optimizer = "fused-adamw";  // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
 };

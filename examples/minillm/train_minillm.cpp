@@ -85,11 +85,11 @@ int run(const Options& o) {
   auto root = fsdp::fully_shard(model, dist.group, shard_opts);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (o.optimizer == "fused-adamw") {
-    optimizer = std::make_unique<fsdp::FusedAdamW>(root->parameters(),
-                                                   torch::optim::AdamWOptions(o.lr));
+    optimizer =
+        std::make_unique<fsdp::FusedAdamW>(root->parameters(), torch::optim::AdamWOptions(o.lr));
   } else {
-    optimizer = std::make_unique<torch::optim::AdamW>(root->parameters(),
-                                                      torch::optim::AdamWOptions(o.lr));
+    optimizer =
+        std::make_unique<torch::optim::AdamW>(root->parameters(), torch::optim::AdamWOptions(o.lr));
   }
   auto& opt = *optimizer;
   auto data = open_data(o);

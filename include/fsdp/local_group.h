@@ -14,7 +14,7 @@ namespace fsdp {
 // Each collective waits at most `timeout` for its peers, then throws TimeoutError, so a rank
 // thread that died or issued a different sequence makes the others fail instead of hang.
 // A mismatch of operation, numel or dtype between ranks throws CommError on every rank.
-// CPU tensors only: on one GPU, thread ranks cannot block inside backward (LIBTORCH_NOTES).
+// CPU tensors only: on one GPU, thread ranks cannot block inside backward (docs/libtorch.md).
 struct LocalGroupOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };

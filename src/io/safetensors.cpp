@@ -31,7 +31,8 @@ std::string dtype_name(at::ScalarType t) {
   for (const auto& [name, type] : dtype_by_name()) {
     if (type == t) return name;
   }
-  throw InvalidArgument(fmt::format("safetensors: dtype {} has no safetensors name", c10::toString(t)));
+  throw InvalidArgument(
+      fmt::format("safetensors: dtype {} has no safetensors name", c10::toString(t)));
 }
 
 [[noreturn]] void malformed(const std::string& path, const std::string& what) {
@@ -82,10 +83,12 @@ NamedTensors read_safetensors(const std::string& path,
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   uint64_t n = 0;
-  if (file_size < sizeof(n)) malformed(path, fmt::format("{} bytes, shorter than the 8-byte header length", file_size));
+  if (file_size < sizeof(n))
+    malformed(path, fmt::format("{} bytes, shorter than the 8-byte header length", file_size));
   in.read(reinterpret_cast<char*>(&n), sizeof(n));
   if (n > kMaxHeaderBytes || n > file_size - sizeof(n)) {
-    malformed(path, fmt::format("header length {} does not fit the file of {} bytes", n, file_size));
+    malformed(path,
+              fmt::format("header length {} does not fit the file of {} bytes", n, file_size));
   }
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
@@ -109,12 +112,15 @@ NamedTensors read_safetensors(const std::string& path,
     if (name == "__metadata__") {
       if (!info.is_object()) malformed(path, "__metadata__ is not an object");
       for (const auto& [k, v] : info.items()) {
-        if (!v.is_string()) malformed(path, fmt::format("__metadata__ value of '{}' is not a string", k));
+        if (!v.is_string())
+          malformed(path, fmt::format("__metadata__ value of '{}' is not a string", k));
         if (metadata) (*metadata)[k] = v.get<std::string>();
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { malformed(path, fmt::format("tensor '{}': {}", name, what)); };
+    auto bad = [&](const std::string& what) {
+      malformed(path, fmt::format("tensor '{}': {}", name, what));
+    };
     if (!info.is_object()) bad("entry is not an object");
     if (!info.contains("dtype") || !info["dtype"].is_string()) bad("no dtype");
     auto dt = dtype_by_name().find(info["dtype"].get<std::string>());
@@ -123,7 +129,9 @@ NamedTensors read_safetensors(const std::string& path,
     Entry e{name, dt->second, {}, 0, 0};
     uint64_t numel = 1;
     for (const auto& d : info["shape"]) {
-      if (!d.is_number_unsigned()) bad(fmt::format("shape {} has a dimension that is not a non-negative integer", info["shape"].dump()));
+      if (!d.is_number_unsigned())
+        bad(fmt::format("shape {} has a dimension that is not a non-negative integer",
+                        info["shape"].dump()));
       e.shape.push_back(d.get<int64_t>());
       numel *= d.get<uint64_t>();
     }
@@ -136,16 +144,18 @@ NamedTensors read_safetensors(const std::string& path,
     e.end = offsets[1].get<uint64_t>();
     const uint64_t bytes = numel * c10::elementSize(e.dtype);
     if (e.end < e.begin || e.end - e.begin != bytes) {
-      bad(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", e.begin, e.end,
-                      e.end - e.begin, info["shape"].dump(), info["dtype"].get<std::string>(), bytes));
+      bad(fmt::format("data_offsets [{}, {}] hold {} bytes, but shape {} of {} needs {}", e.begin,
+                      e.end, e.end - e.begin, info["shape"].dump(),
+                      info["dtype"].get<std::string>(), bytes));
     }
     if (e.end > data_size) {
-      bad(fmt::format("data_offsets end {} is past the data region of {} bytes (truncated file?)", e.end,
-                      data_size));
+      bad(fmt::format("data_offsets end {} is past the data region of {} bytes (truncated file?)",
+                      e.end, data_size));
     }
     entries.push_back(std::move(e));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
 
   NamedTensors out;
   out.reserve(entries.size());
@@ -154,7 +164,9 @@ NamedTensors read_safetensors(const std::string& path,
     auto t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     in.seekg(static_cast<std::streamoff>(data_start + e.begin));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) malformed(path, fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.end - e.begin));
+    if (!in)
+      malformed(path,
+                fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.end - e.begin));
     out.emplace_back(e.name, std::move(t));
   }
   return out;
@@ -169,15 +181,16 @@ void load_safetensors_into(torch::nn::Module& module, const std::string& path) {
   // Check everything before changing anything.
   for (const auto& [name, target] : targets) {
     auto it = by_name.find(name);
-    FSDP_CHECK_ARG(it != by_name.end(), "load_safetensors_into: {} has no tensor '{}' (the module's)",
-                   path, name);
+    FSDP_CHECK_ARG(it != by_name.end(),
+                   "load_safetensors_into: {} has no tensor '{}' (the module's)", path, name);
     FSDP_CHECK_ARG(it->second.sizes() == target.sizes(),
-                   "load_safetensors_into: tensor '{}' has shape {} in {}, the module expects {}", name,
-                   it->second.sizes(), path, target.sizes());
+                   "load_safetensors_into: tensor '{}' has shape {} in {}, the module expects {}",
+                   name, it->second.sizes(), path, target.sizes());
   }
   for (const auto& [name, tensor] : by_name) {
-    FSDP_CHECK_ARG(targets.count(name), "load_safetensors_into: {} holds '{}', which the module does not have",
-                   path, name);
+    FSDP_CHECK_ARG(targets.count(name),
+                   "load_safetensors_into: {} holds '{}', which the module does not have", path,
+                   name);
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, target] : targets) target.copy_(by_name.at(name));

@@ -6,7 +6,7 @@
 // parameter at a new full tensor on every gather would keep each old one alive until backward.
 // Instead the bytes are released after forward and the same storage is refilled before
 // backward, so the saved views read the refilled values (FSDP2 does the same with
-// untyped_storage().resize_(0)). See LIBTORCH_NOTES.md.
+// untyped_storage().resize_(0)). See docs/libtorch.md.
 //
 // Invariant on grad(): while the parameter holds its shard, grad() is the sharded gradient
 // (or undefined); while it holds the full tensor, grad() is autograd's full-shaped slot and the

@@ -10,7 +10,7 @@ namespace fsdp::detail {
 namespace {
 
 // Callbacks by id: AutogradContext stores IValues, and an int64 id is the portable way to
-// reach a C++ callback from backward in libtorch 1.13 and 2.x alike.
+// reach a C++ callback from backward in libtorch.
 class CallbackTable {
  public:
   int64_t add(std::function<void()> fn) {
@@ -43,7 +43,7 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
                             int64_t id) {
     ctx->saved_data["id"] = id;
-    return input;  // identity (checked to keep its grad_fn in libtorch 1.13)
+    return input;  // identity: the output keeps this node as its grad_fn
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

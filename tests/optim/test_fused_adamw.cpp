@@ -1,7 +1,7 @@
 // fsdp::FusedAdamW against torch::optim::AdamW: the same parameters after 20 steps within float
 // rounding, the same state layout, and the same behaviour for options and missing gradients.
-#include <gtest/gtest.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "fsdp/errors.h"
@@ -59,8 +59,7 @@ TEST(FusedAdamW, MatchesLibtorchAdamW) {
 
 TEST(FusedAdamW, MatchesWithWeightDecayBetasAndAmsgrad) {
   auto opts =
-      torch::optim::AdamWOptions(3e-3).weight_decay(0.1).betas({0.8, 0.95}).eps(1e-6).amsgrad(
-          true);
+      torch::optim::AdamWOptions(3e-3).weight_decay(0.1).betas({0.8, 0.95}).eps(1e-6).amsgrad(true);
   EXPECT_LT(max_rel_diff(train<fsdp::FusedAdamW>(opts, 15), train<torch::optim::AdamW>(opts, 15)),
             1e-6);
 }

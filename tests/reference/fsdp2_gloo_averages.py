@@ -49,6 +49,7 @@ def run(rank, world, port, result):
             print(f"{name}: relative error {err:.3g} (ratio of norms {full.norm() / q.grad.norm():.3f})")
     if rank == 0:
         result.put(worst)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -56,7 +57,13 @@ if __name__ == "__main__":
     world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     port = 20000 + os.getpid() % 20000
     result = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(run, args=(world, port, result), nprocs=world)
+    try:
+        mp.spawn(run, args=(world, port, result), nprocs=world)
+    except mp.ProcessExitedException as e:
+        # gloo's teardown in torch 2.11 occasionally aborts at exit, after the result is out.
+        if result.empty():
+            raise
+        print(f"warning: a rank failed after the result was out: {e}")
     worst = result.get()
     print(f"FSDP2 on gloo, world {world}: worst relative gradient error vs one process {worst:.3g}")
     sys.exit(0 if worst < 1e-5 else 1)

@@ -29,10 +29,17 @@ def size_flags():
     return [f"--{k}={v}" for k, v in SIZES.items()]
 
 
-def run(cmd, env):
+def run(cmd, env, finished_marker=None):
+    """The command's stdout; exits on failure. A PyTorch run that printed `finished_marker` (its
+    RESULT line, after the last step) and then failed is accepted with a warning: gloo's teardown
+    in torch 2.11 occasionally aborts at exit (std::terminate), after all results are out."""
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+        if finished_marker and finished_marker in done.stdout:
+            print(f"warning: exit status {done.returncode} after the run finished: "
+                  f"{done.stderr.strip().splitlines()[-1:]}")
+        else:
+            sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
     return done.stdout
 
 
@@ -62,7 +69,7 @@ def main():
                                  "--optimizer=fused-adamw"]
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
-                  f"--port={20000 + os.getpid() % 20000}"] + common, env)
+                  f"--port={20000 + os.getpid() % 20000}"] + common, env, "RESULT ")
         py_losses = [float(line.split()[3]) for line in py.splitlines() if line.startswith("step ")]
 
         metrics = os.path.join(tmp, "cpp.jsonl")

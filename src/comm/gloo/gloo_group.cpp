@@ -50,7 +50,7 @@ class GlooProcessGroup final : public ProcessGroup {
     // the CPU env-launch path; MPI is the fast CPU engine. 16-bit inputs are summed in float32.
     return queue_.submit([=] {
       auto in = detail::accumulates_in_fp32(input.scalar_type()) ? input.to(at::kFloat)
-                                                                  : input.contiguous();
+                                                                 : input.contiguous();
       auto out = at::empty({output.numel()}, in.options());
       auto in_flat = in.view(-1);
       run("reduce_scatter", [&] { return gloo_->_reduce_scatter_base(out, in_flat); });
