@@ -1,6 +1,5 @@
-// Internal: what one tree of units (a root and everything inside it) shares: byte counters for
-// MemoryStats and the pool its large CPU buffers come from. Only the owning rank's thread
-// touches them.
+// Internal: the byte and time counters behind MemoryStats and the pool a tree's large buffers
+// come from; part of the tree's TreeContext. Only the owning rank's thread touches them.
 #pragma once
 
 #include <algorithm>

@@ -4,15 +4,15 @@
 
 namespace fsdp::detail {
 
-FsdpParam::FsdpParam(std::string name, at::Tensor param, int rank, int world,
-                     at::ScalarType compute_dtype)
-    : name_(std::move(name)), param_(std::move(param)) {
+FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype)
+    : param_(std::move(param)), rank_(rank) {
   at::NoGradGuard no_grad;
   full_shape_ = param_.sizes().vec();
   row_numel_ = 1;
   for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
-  range_ = shard_range(full_shape_[0], world, rank);
-  shard_ = param_.detach().narrow(0, range_.begin, range_.rows()).clone().contiguous();
+  for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
+  const ShardRange& mine = ranges_[rank_];
+  shard_ = param_.detach().narrow(0, mine.begin, mine.rows()).clone().contiguous();
   full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());
   // The full tensor starts without bytes; gathers allocate them.
@@ -22,16 +22,17 @@ FsdpParam::FsdpParam(std::string name, at::Tensor param, int rank, int world,
   param_.set_data(shard_);
 }
 
-void FsdpParam::allocate_full(Accounting& acct) {
+void FsdpParam::allocate_full() {
   if (full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr(acct.pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
+  storage->set_data_ptr(
+      acct_->pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
   storage->set_nbytes(full_nbytes_);
   full_allocated_ = true;
-  acct.add_full(full_nbytes_);
+  acct_->add_full(full_nbytes_);
 }
 
-void FsdpParam::release_full(Accounting& acct) {
+void FsdpParam::release_full() {
   if (!full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
   // Dropping the DataPtr frees the bytes (to the pool); views autograd saved keep the (now
@@ -39,7 +40,7 @@ void FsdpParam::release_full(Accounting& acct) {
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
   full_allocated_ = false;
-  acct.add_full(-full_nbytes_);
+  acct_->add_full(-full_nbytes_);
 }
 
 void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
@@ -49,15 +50,14 @@ void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
   if (n < dst.numel()) dst.narrow(0, n, dst.numel() - n).zero_();
 }
 
-void FsdpParam::copy_full_from(const at::Tensor& gathered, const std::vector<ShardRange>& ranges,
-                               Accounting& acct) {
-  allocate_full(acct);
+void FsdpParam::copy_full_from(const at::Tensor& gathered) {
+  allocate_full();
   at::NoGradGuard no_grad;
   auto full_rows = full_.view({full_shape_[0], row_numel_});
-  for (size_t r = 0; r < ranges.size(); ++r) {
-    int64_t rows = ranges[r].rows();
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    int64_t rows = ranges_[r].rows();
     if (rows == 0) continue;
-    full_rows.narrow(0, ranges[r].begin, rows)
+    full_rows.narrow(0, ranges_[r].begin, rows)
         .copy_(gathered[r].narrow(0, 0, rows * row_numel_).view({rows, row_numel_}));
   }
 }
@@ -70,17 +70,17 @@ void FsdpParam::use_full() {
   holds_full_ = true;
 }
 
-void FsdpParam::use_shard(Accounting& acct) {
+void FsdpParam::use_shard() {
   if (holds_full_) {
     param_.set_data(shard_);
     param_.mutable_grad() = grad_stash_;
     grad_stash_ = at::Tensor();
     holds_full_ = false;
   }
-  release_full(acct);
+  release_full();
 }
 
-bool FsdpParam::take_full_grad_into(const at::Tensor& dst, const std::vector<ShardRange>& ranges) {
+bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
   at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
   at::NoGradGuard no_grad;
   if (!grad.defined()) {
@@ -90,13 +90,13 @@ bool FsdpParam::take_full_grad_into(const at::Tensor& dst, const std::vector<Sha
   param_.mutable_grad() = at::Tensor();
   auto grad_rows = grad.reshape({full_shape_[0], row_numel_});
   const int64_t padded = padded_numel();
-  for (size_t r = 0; r < ranges.size(); ++r) {
-    const int64_t n = ranges[r].rows() * row_numel_;
+  for (size_t r = 0; r < ranges_.size(); ++r) {
+    const int64_t n = ranges_[r].rows() * row_numel_;
     if (n > 0) {
       dst[r]
           .narrow(0, 0, n)
-          .view({ranges[r].rows(), row_numel_})
-          .copy_(grad_rows.narrow(0, ranges[r].begin, ranges[r].rows()));
+          .view({ranges_[r].rows(), row_numel_})
+          .copy_(grad_rows.narrow(0, ranges_[r].begin, ranges_[r].rows()));
     }
     if (n < padded) dst[r].narrow(0, n, padded - n).zero_();  // padding rows
   }

@@ -32,53 +32,57 @@ class FsdpParam {
  public:
   // Shards `param` in place (set_data to this rank's rows). `compute_dtype` is the dtype of
   // the full tensor used in forward/backward.
-  FsdpParam(std::string name, at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
+  FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
 
-  const std::string& name() const { return name_; }
+  // The counters and pool the full tensor's bytes are accounted in (the tree's).
+  void attach(Accounting* acct) { acct_ = acct; }
+
   const at::Tensor& param() const { return param_; }
   bool requires_grad() const { return param_.requires_grad(); }
   at::ScalarType orig_dtype() const { return shard_.scalar_type(); }
   // Elements every rank contributes to a collective: ceil(d0 / world) rows, padded.
-  int64_t padded_numel() const { return range_.rows_per_rank * row_numel_; }
-  int64_t shard_numel() const { return shard_.numel(); }
+  int64_t padded_numel() const { return ranges_.front().rows_per_rank * row_numel_; }
   int64_t shard_bytes() const { return static_cast<int64_t>(shard_.nbytes()); }
-  int64_t full_bytes() const { return full_nbytes_; }
-  bool holds_full() const { return holds_full_; }
 
   // Writes this rank's shard, cast to dst's dtype, into dst (padded_numel() elements; the
   // padding is zeroed).
   void copy_shard_to(const at::Tensor& dst) const;
   // Fills the full tensor from a gathered [world, padded_numel()] view (one row per rank),
   // allocating its bytes first.
-  void copy_full_from(const at::Tensor& gathered, const std::vector<ShardRange>& ranges,
-                      Accounting& acct);
+  void copy_full_from(const at::Tensor& gathered);
   // Points the parameter at the full tensor (stashing the sharded grad) or back at the shard
   // (restoring it, and releasing the full tensor's bytes).
   void use_full();
-  void use_shard(Accounting& acct);
+  void use_shard();
 
   // Moves autograd's full gradient out of grad() and writes its rows into a
   // [world, padded_numel()] view in the reduce dtype, zeroing padding. Without a gradient it
   // zeroes the whole view and returns false.
-  bool take_full_grad_into(const at::Tensor& dst, const std::vector<ShardRange>& ranges);
+  bool take_full_grad_into(const at::Tensor& dst);
   // Adds this rank's reduced rows (padded_numel() elements, any dtype) to the sharded grad.
   void accumulate_shard_grad(const at::Tensor& reduced);
   int64_t sharded_grad_bytes() const;
 
   // Whether autograd's accumulator for the current full tensor already carries our hook.
   bool hooked(const std::shared_ptr<torch::autograd::Node>& node) const;
+  // Remembers `node` as hooked. Two references: the tensor itself holds its accumulator only
+  // weakly, so between arming (pre-forward) and the first op that puts the node in a graph
+  // nothing else keeps it; without the strong reference it would die and autograd would make
+  // a fresh accumulator without our hook. release_hooked() (end of backward) drops the strong
+  // one so the node can go with its graph; the weak one still answers hooked() while it lives.
   void set_hooked(std::shared_ptr<torch::autograd::Node> node);
   void release_hooked() { hooked_strong_.reset(); }
 
  private:
-  void allocate_full(Accounting& acct);
-  void release_full(Accounting& acct);
+  void allocate_full();
+  void release_full();
 
-  std::string name_;
   at::Tensor param_;  // the user's Parameter: its TensorImpl never changes
   std::vector<int64_t> full_shape_;
   int64_t row_numel_;
-  ShardRange range_;
+  std::vector<ShardRange> ranges_;  // every rank's rows; ranges_[rank_] are this rank's
+  int rank_;
+  Accounting* acct_ = nullptr;
   at::Tensor shard_;  // [rows, ...] original dtype
   at::Tensor full_;   // full_shape_, compute dtype, storage bytes present only while gathered
   int64_t full_nbytes_;

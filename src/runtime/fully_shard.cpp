@@ -129,9 +129,11 @@ std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Mo
 
 void pre_forward(UnitState& state) { state.pre_forward(); }
 at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input) {
-  return state.cast_input(input);
+  return state.cast_forward_input(input);
 }
-void post_forward_output(UnitState& state, at::Tensor& output) { state.hook_output(output); }
+void post_forward_output(UnitState& state, at::Tensor& output) {
+  state.post_forward_output(output);
+}
 void post_forward(UnitState& state) { state.post_forward(); }
 void unshard(UnitState& state) { state.unshard(); }
 void reshard(UnitState& state) { state.reshard(); }

@@ -1,6 +1,9 @@
 // Internal: the parameters of one fully_shard call and their collectives: one all-gather to
 // unshard them all (copy-in, all-gather, copy-out) and one reduce-scatter for their gradients
 // (copy-in, reduce-scatter, accumulate into the sharded grads). FSDP2's FSDPParamGroup.
+// Its state is where the parameters are (sharded, gathering, full) and the buffers of the
+// collectives in flight; when to move them is the unit's decision (UnitState), and the state of
+// one backward lives there too.
 #pragma once
 
 #include <functional>
@@ -21,29 +24,30 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroupPtr pg,
              MixedPrecisionPolicy mp);
 
+  // The tree's counters and buffer pool, which every later call uses.
+  void attach(Accounting* acct);
+
   // Issues the all-gather unless the parameters are full or a gather is in flight.
-  void unshard_async(Accounting& acct);
+  void unshard_async();
   // Completes an issued gather (issuing one if needed) and points parameters at full tensors.
-  void wait_unshard(Accounting& acct);
+  void wait_unshard();
   // Points parameters back at their shards and frees the full tensors (waits out a gather
   // still in flight first).
-  void reshard(Accounting& acct);
-  bool is_full() const { return state_ == State::kFull; }
+  void reshard();
 
-  // Hooks autograd's gradient accumulators of the current full parameters, so that the group
-  // learns when all its gradients exist: on_grad(index) runs after each accumulation.
-  void arm_grad_hooks(const std::function<void(size_t)>& on_grad);
-  // Called by the hooks. True when every parameter has its gradient and none is frozen: the
-  // unit's backward is over before the gradient reaches its inputs (post_backward may run).
-  bool on_grad_ready(size_t index);
+  // Hooks autograd's gradient accumulators of the current full parameters:
+  // on_grad(index) runs after each accumulation. Returns how many parameters take a gradient
+  // (0 when nothing is communicated: world size 1 without dtype changes).
+  size_t arm_grad_hooks(const std::function<void(size_t)>& on_grad);
   // Copies the full gradients into a buffer, frees them, reshards, issues the reduce-scatter.
-  // At most once per backward; a no-op when no parameter got a gradient. Returns whether a
-  // reduce-scatter is now in flight.
-  bool post_backward(Accounting& acct);
+  // A no-op when the parameters were never gathered for backward or no parameter got a
+  // gradient. Returns whether a reduce-scatter is now in flight. The caller runs it at most
+  // once per backward.
+  bool post_backward();
   // Waits for the reduce-scatter in flight (if any), adds each rank's rows into the sharded
   // grads and frees the buffers.
-  void finish_reduce(Accounting& acct);
-  // Forgets this backward's bookkeeping (call after finish_reduce).
+  void finish_reduce();
+  // Drops the hooked accumulators of this backward (after finish_reduce).
   void end_backward();
 
   const std::vector<FsdpParam>& params() const { return params_; }
@@ -53,10 +57,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  private:
   enum class State { kSharded, kGathering, kFull };
   // After a gather completed: returns its buffers to the pool.
-  void release_gather_buffers(Accounting& acct);
+  void release_gather_buffers();
 
   ProcessGroupPtr pg_;
-  MixedPrecisionPolicy mp_;
+  Accounting* acct_ = nullptr;
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
   std::vector<FsdpParam> params_;
@@ -70,15 +74,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   WorkPtr gather_work_;
   at::Tensor gather_in_, gather_out_;
 
-  std::vector<bool> grad_ready_;
-  size_t grads_expected_ = 0, grads_seen_ = 0;
-  bool reduced_this_backward_ = false;
   WorkPtr reduce_work_;
   at::Tensor reduce_in_, reduce_out_;
   std::vector<bool> reduced_has_grad_;
-
-  // Rows per rank of each parameter, for copy-in/out.
-  std::vector<std::vector<ShardRange>> ranges_;
 };
 
 }  // namespace fsdp::detail

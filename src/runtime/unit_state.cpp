@@ -14,6 +14,12 @@ UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGr
                      std::vector<std::pair<std::string, at::Tensor>> params)
     : module_(module), options_(std::move(options)) {
   group_ = std::make_shared<ParamGroup>(std::move(params), std::move(pg), options_.mp_policy);
+  use_context(std::make_shared<TreeContext>());
+}
+
+void UnitState::use_context(std::shared_ptr<TreeContext> ctx) {
+  ctx_ = std::move(ctx);
+  group_->attach(&ctx_->acct);
 }
 
 bool UnitState::module_is(const torch::nn::Module* m) const {
@@ -26,16 +32,6 @@ void UnitState::adopt(const std::shared_ptr<UnitState>& child) {
   children_.push_back(child);
 }
 
-UnitState& UnitState::root() const {
-  auto r = root_.lock();
-  if (!r) {
-    throw InvalidArgument(
-        "fsdp: a unit inside a fully_shard root was called before the root was set up; call "
-        "the root (the outermost fully_shard unit) so that its forward runs the inner units");
-  }
-  return *r;
-}
-
 std::vector<UnitState*> UnitState::collect_tree() {
   std::vector<UnitState*> out{this};
   for (size_t i = 0; i < out.size(); ++i) {
@@ -44,19 +40,21 @@ std::vector<UnitState*> UnitState::collect_tree() {
   return out;
 }
 
+// FSDP2's _lazy_init / _init_shared_state: the root collects its tree, checks it, and hands
+// every unit one shared context.
 void UnitState::lazy_init() {
-  tree_ = collect_tree();
+  auto tree = collect_tree();
   int world = group_->pg()->size();
-  for (UnitState* s : tree_) {
+  for (UnitState* s : tree) {
     if (s->group_->pg()->size() != world) {
       throw InvalidArgument(fmt::format(
           "fsdp: units of one root must share a world size: the root's group has {} ranks, an "
           "inner unit's has {}",
           world, s->group_->pg()->size()));
     }
-    s->root_ = weak_from_this();
-    s->acct_ = acct_;  // one tree, one set of counters
   }
+  ctx_->units = tree;
+  for (UnitState* s : tree) s->use_context(ctx_);
   initialised_ = true;
 }
 
@@ -65,33 +63,35 @@ bool UnitState::reshard_after_forward() const {
 }
 
 void UnitState::pre_forward() {
-  if (!has_parent_) {
+  if (is_root()) {
     if (!initialised_) lazy_init();
-    last_forward_order_ = std::move(forward_order_);
-    forward_order_.clear();
-    post_forward_order_.clear();
+    ctx_->last_forward_order = std::move(ctx_->forward_order);
+    ctx_->forward_order.clear();
+    ctx_->post_forward_order.clear();
+  } else if (ctx_->units.empty()) {
+    throw InvalidArgument(
+        "fsdp: a unit inside a fully_shard root was called before the root was set up; call "
+        "the root (the outermost fully_shard unit) so that its forward runs the inner units");
   }
-  UnitState& r = root();
-  r.forward_order_.push_back(this);
-  group_->wait_unshard(*acct_);
+  TreeContext& ctx = *ctx_;
+  ctx.forward_order.push_back(this);
+  group_->wait_unshard();
   if (at::GradMode::is_enabled()) {
     auto self = weak_from_this();
-    group_->arm_grad_hooks([self](size_t i) {
+    grads_expected_ = group_->arm_grad_hooks([self](size_t i) {
       if (auto s = self.lock()) s->on_param_grad(i);
     });
   }
   // Forward prefetch: the unit that ran next in the previous step starts gathering now, so
   // its all-gather overlaps this unit's compute.
-  size_t pos = r.forward_order_.size();
-  if (pos < r.last_forward_order_.size()) {
-    UnitState* next = r.last_forward_order_[pos];
-    if (next != this) next->group_->unshard_async(*acct_);
+  size_t pos = ctx.forward_order.size();
+  if (pos < ctx.last_forward_order.size()) {
+    UnitState* next = ctx.last_forward_order[pos];
+    if (next != this) next->group_->unshard_async();
   }
-  // Per-backward counters (pre_backward_done_, inputs_*) are reset by the end-of-backward
-  // callback, not here: several forwards may feed one backward.
 }
 
-at::Tensor UnitState::cast_input(const at::Tensor& input) {
+at::Tensor UnitState::cast_forward_input(const at::Tensor& input) {
   if (!input.defined()) return input;
   at::Tensor x = input;
   const auto& mp = options_.mp_policy;
@@ -100,7 +100,7 @@ at::Tensor UnitState::cast_input(const at::Tensor& input) {
     x = x.to(*mp.param_dtype);
   }
   if (at::GradMode::is_enabled() && x.requires_grad()) {
-    ++inputs_wrapped_;
+    ++backward_.inputs_wrapped;
     auto self = weak_from_this();
     x = attach_post_backward(x, [self] {
       if (auto s = self.lock()) s->on_input_grad();
@@ -111,11 +111,13 @@ at::Tensor UnitState::cast_input(const at::Tensor& input) {
 
 void UnitState::on_input_grad() {
   // Gradients reached this unit's inputs: its backward is over.
-  if (++inputs_grad_seen_ == inputs_wrapped_) run_post_backward();
+  if (++backward_.inputs_grad_seen == backward_.inputs_wrapped) run_post_backward();
 }
 
 void UnitState::run_post_backward() {
-  if (group_->post_backward(*acct_)) root().track_reduction(group_.get());
+  if (backward_.post_backward_done) return;
+  backward_.post_backward_done = true;
+  if (group_->post_backward()) track_reduction(group_.get());
 }
 
 namespace {
@@ -125,14 +127,15 @@ constexpr size_t kMaxReductionsInFlight = 1;
 }  // namespace
 
 void UnitState::track_reduction(ParamGroup* group) {
-  reductions_in_flight_.push_back(group);
-  while (reductions_in_flight_.size() > kMaxReductionsInFlight) {
-    reductions_in_flight_.front()->finish_reduce(*acct_);
-    reductions_in_flight_.pop_front();
+  auto& in_flight = ctx_->reductions_in_flight;
+  in_flight.push_back(group);
+  while (in_flight.size() > kMaxReductionsInFlight) {
+    in_flight.front()->finish_reduce();
+    in_flight.pop_front();
   }
 }
 
-void UnitState::hook_output(at::Tensor& output) {
+void UnitState::post_forward_output(at::Tensor& output) {
   if (!output.defined()) return;
   const auto& mp = options_.mp_policy;
   if (mp.output_dtype && output.is_floating_point() && output.scalar_type() != *mp.output_dtype) {
@@ -146,79 +149,87 @@ void UnitState::hook_output(at::Tensor& output) {
 }
 
 void UnitState::post_forward() {
-  UnitState& r = root();
-  post_forward_index_ = static_cast<int>(r.post_forward_order_.size());
-  r.post_forward_order_.push_back(this);
-  if (reshard_after_forward() || !at::GradMode::is_enabled()) group_->reshard(*acct_);
+  auto& order = ctx_->post_forward_order;
+  post_forward_index_ = static_cast<int>(order.size());
+  order.push_back(this);
+  if (reshard_after_forward() || !at::GradMode::is_enabled()) group_->reshard();
 }
 
 void UnitState::pre_backward() {
-  UnitState& r = root();
-  r.ensure_final_callback();
-  if (pre_backward_done_) return;
-  pre_backward_done_ = true;
-  group_->wait_unshard(*acct_);
+  ensure_final_callback();
+  if (backward_.pre_backward_done) return;
+  backward_.pre_backward_done = true;
+  group_->wait_unshard();
   // Backward prefetch: backward visits units in reverse post-forward order; start the gather
   // of the next one while this one computes.
-  if (post_forward_index_ > 0 &&
-      post_forward_index_ <= static_cast<int>(r.post_forward_order_.size())) {
-    UnitState* prev = r.post_forward_order_[post_forward_index_ - 1];
-    if (prev != this && !prev->pre_backward_done_) prev->group_->unshard_async(*acct_);
+  const auto& order = ctx_->post_forward_order;
+  if (post_forward_index_ > 0 && post_forward_index_ <= static_cast<int>(order.size())) {
+    UnitState* prev = order[post_forward_index_ - 1];
+    if (prev != this && !prev->backward_.pre_backward_done) prev->group_->unshard_async();
   }
 }
 
 void UnitState::on_param_grad(size_t index) {
-  root().ensure_final_callback();
-  if (group_->on_grad_ready(index)) run_post_backward();
+  ensure_final_callback();
+  auto& bw = backward_;
+  if (bw.grad_ready.size() <= index) bw.grad_ready.resize(index + 1, false);
+  if (bw.grad_ready[index]) return;
+  bw.grad_ready[index] = true;
+  // All gradients present is the end of this unit's backward only when every parameter takes
+  // a gradient: a frozen weight may still be read to compute input gradients after that (the
+  // post-backward function on the unit's inputs covers that case).
+  if (++bw.grads_seen == grads_expected_ && grads_expected_ == group_->params().size()) {
+    run_post_backward();
+  }
 }
 
 void UnitState::ensure_final_callback() {
-  if (callback_queued_) return;
-  callback_queued_ = true;
-  auto self = weak_from_this();
-  torch::autograd::Engine::get_default_engine().queue_callback([self] {
-    if (auto s = self.lock()) s->final_callback();
+  if (ctx_->final_callback_queued) return;
+  ctx_->final_callback_queued = true;
+  // Whichever unit's hook queues it, the callback finishes the whole tree, from the root.
+  UnitState* head = ctx_->units.empty() ? this : ctx_->units.front();
+  std::weak_ptr<UnitState> root = head->weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([root] {
+    if (auto r = root.lock()) r->final_callback();
   });
 }
 
 void UnitState::final_callback() {
+  TreeContext& ctx = *ctx_;
   // Same order on every rank (tree order): units whose gradients were incomplete (unused or
   // frozen parameters) reduce what they have, then every reduction is waited for.
-  for (UnitState* s : tree_) s->run_post_backward();
-  for (ParamGroup* g : reductions_in_flight_) g->finish_reduce(*acct_);
-  reductions_in_flight_.clear();
-  for (UnitState* s : tree_) {
+  for (UnitState* s : ctx.units) s->run_post_backward();
+  for (ParamGroup* g : ctx.reductions_in_flight) g->finish_reduce();
+  ctx.reductions_in_flight.clear();
+  for (UnitState* s : ctx.units) {
     s->group_->end_backward();
-    s->group_->reshard(*acct_);
-    s->pre_backward_done_ = false;
-    s->inputs_wrapped_ = s->inputs_grad_seen_ = 0;
+    s->group_->reshard();
+    s->backward_ = BackwardState{};
   }
-  callback_queued_ = false;
+  ctx.final_callback_queued = false;
 }
 
-void UnitState::unshard() { group_->wait_unshard(*acct_); }
+void UnitState::unshard() { group_->wait_unshard(); }
 
-void UnitState::reshard() { group_->reshard(*acct_); }
+void UnitState::reshard() { group_->reshard(); }
 
 MemoryStats UnitState::memory_stats() const {
   MemoryStats m;
-  auto add_group = [&m](const ParamGroup& g) {
-    for (const auto& p : g.params()) {
+  std::vector<const UnitState*> todo{this};
+  for (size_t i = 0; i < todo.size(); ++i) {
+    for (const auto& p : todo[i]->group_->params()) {
       m.sharded_param_bytes += p.shard_bytes();
       m.sharded_grad_bytes += p.sharded_grad_bytes();
     }
-  };
-  std::vector<const UnitState*> todo{this};
-  for (size_t i = 0; i < todo.size(); ++i) {
-    add_group(*todo[i]->group_);
     for (auto& c : todo[i]->children_) todo.push_back(c.get());
   }
-  m.full_param_bytes = acct_->full_bytes;
-  m.peak_full_param_bytes = acct_->peak_full_bytes;
-  m.comm_buffer_bytes = acct_->comm_bytes;
-  m.peak_comm_buffer_bytes = acct_->peak_comm_bytes;
-  m.exposed_comm_seconds = acct_->exposed_comm_seconds;
-  m.cached_buffer_bytes = acct_->pool->pooled_bytes();
+  const Accounting& acct = ctx_->acct;
+  m.full_param_bytes = acct.full_bytes;
+  m.peak_full_param_bytes = acct.peak_full_bytes;
+  m.comm_buffer_bytes = acct.comm_bytes;
+  m.peak_comm_buffer_bytes = acct.peak_comm_bytes;
+  m.exposed_comm_seconds = acct.exposed_comm_seconds;
+  m.cached_buffer_bytes = acct.pool->pooled_bytes();
   return m;
 }
 

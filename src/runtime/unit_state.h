@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fsdp/fully_shard.h"
-#include "runtime/accounting.h"
 #include "runtime/param_group.h"
+#include "runtime/tree_context.h"
 
 namespace fsdp::detail {
 
@@ -21,16 +21,15 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
             FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params);
 
   bool module_is(const torch::nn::Module* m) const;
-  ParamGroup& group() { return *group_; }
-  const ParamGroup& group() const { return *group_; }
   bool has_parent() const { return has_parent_; }
   void adopt(const std::shared_ptr<UnitState>& child);
 
   void pre_forward();
   // Casts to param_dtype and attaches the post-backward function.
-  at::Tensor cast_input(const at::Tensor& input);
+  at::Tensor cast_forward_input(const at::Tensor& input);
   void on_input_grad();
-  void hook_output(at::Tensor& output);
+  // Casts to output_dtype and hooks the pre-backward.
+  void post_forward_output(at::Tensor& output);
   void post_forward();
   void pre_backward();
   void on_param_grad(size_t index);
@@ -39,38 +38,47 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   MemoryStats memory_stats() const;
 
  private:
-  UnitState& root() const;
+  // The state of one backward, reset in one place (the end-of-backward callback). Several
+  // forwards may feed one backward, so nothing here is reset by a forward.
+  struct BackwardState {
+    bool pre_backward_done = false;
+    // Inputs wrapped by the post-backward function, and how many of them got their gradient.
+    int inputs_wrapped = 0, inputs_grad_seen = 0;
+    // Parameters whose gradient autograd has accumulated.
+    std::vector<bool> grad_ready;
+    size_t grads_seen = 0;
+    // Post-backward ran (at most once per backward).
+    bool post_backward_done = false;
+  };
+
+  bool is_root() const { return !has_parent_; }
   void lazy_init();
   void ensure_final_callback();
-  // Runs this unit's post-backward; a reduce-scatter it issues joins the root's in-flight list.
+  // Runs this unit's post-backward once per backward; a reduce-scatter it issues joins the
+  // tree's reductions in flight.
   void run_post_backward();
-  // Root: after a new reduce-scatter, finishes older ones so that at most
-  // kMaxReductionsInFlight gradient buffers are alive (FSDP2 keeps one), bounding memory.
+  // After a new reduce-scatter, finishes older ones so that at most kMaxReductionsInFlight
+  // gradient buffers are alive (FSDP2 keeps one), bounding memory.
   void track_reduction(ParamGroup* group);
   void final_callback();
   bool reshard_after_forward() const;
   // Every unit of this root's tree, this one first, in a deterministic order. Raw pointers:
   // children_ owns the others, and a strong self-reference would keep the tree alive forever.
   std::vector<UnitState*> collect_tree();
+  void use_context(std::shared_ptr<TreeContext> ctx);
 
   std::weak_ptr<torch::nn::Module> module_;
   FullyShardOptions options_;
   std::shared_ptr<ParamGroup> group_;
-  std::shared_ptr<Accounting> acct_ = std::make_shared<Accounting>();
+  // The tree's shared state: this unit's own until the root's lazy init hands it the root's.
+  std::shared_ptr<TreeContext> ctx_;
   bool has_parent_ = false;
-  std::weak_ptr<UnitState> root_;
+  bool initialised_ = false;  // root: lazy init done
   std::vector<std::shared_ptr<UnitState>> children_;
-  bool pre_backward_done_ = false;
   int post_forward_index_ = -1;
-  int inputs_wrapped_ = 0, inputs_grad_seen_ = 0;
-
-  // Root only.
-  bool initialised_ = false;
-  std::vector<UnitState*> tree_;
-  std::vector<UnitState*> forward_order_, last_forward_order_;
-  std::vector<UnitState*> post_forward_order_;
-  bool callback_queued_ = false;
-  std::deque<ParamGroup*> reductions_in_flight_;
+  // Parameters that take a gradient, counted when the forward arms the gradient hooks.
+  size_t grads_expected_ = 0;
+  BackwardState backward_;
 };
 
 }  // namespace fsdp::detail
