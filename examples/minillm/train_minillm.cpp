@@ -125,7 +125,7 @@ int run(const Options& o) {
     auto batch = data->slice(step, pg.rank() * local_batch, local_batch);
     auto tokens = batch.tokens.to(dist.device);
     auto targets = batch.targets.to(dist.device);
-    double comm_before = root.memory_stats().exposed_comm_seconds;
+    double comm_before = root.comm_stats().exposed_seconds;
     if (cuda) torch::cuda::synchronize();
     auto t0 = std::chrono::steady_clock::now();
 
@@ -138,7 +138,7 @@ int run(const Options& o) {
 
     if (cuda) torch::cuda::synchronize();
     double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double exposed = root.memory_stats().exposed_comm_seconds - comm_before;
+    double exposed = root.comm_stats().exposed_seconds - comm_before;
     auto global_loss = loss.detach().reshape({1}).clone();
     pg.all_reduce(global_loss, fsdp::ReduceOp::kAvg)->wait();
     int64_t mem =

@@ -2,8 +2,10 @@
 #pragma once
 
 #include "fsdp/backends.h"
+#include "fsdp/comm_stats.h"
 #include "fsdp/device_memory.h"
 #include "fsdp/errors.h"
+#include "fsdp/fake_group.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/launch.h"

@@ -37,35 +37,15 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/comm_stats.h"
+#include "fsdp/detail/unit_hooks.h"
+#include "fsdp/fully_shard_options.h"
 #include "fsdp/memory_stats.h"
-#include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
 
 namespace fsdp {
 
-struct FullyShardOptions {
-  MixedPrecisionPolicy mp_policy;
-  // Free the full parameters after forward and gather them again for backward. Unset: true,
-  // except for the root unit, which keeps them (it is the first to run backward).
-  std::optional<bool> reshard_after_forward;
-};
-
 namespace detail {
-class UnitState;
-
-// The state fully_shard attached to `module`, or null.
-std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module);
-std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
-                                             ProcessGroupPtr pg, FullyShardOptions options);
-void pre_forward(UnitState& state);
-at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input);
-// Casts to output_dtype and hooks the pre-backward; may replace `output`.
-void post_forward_output(UnitState& state, at::Tensor& output);
-void post_forward(UnitState& state);
-void unshard(UnitState& state);
-void reshard(UnitState& state);
-MemoryStats memory_stats(const UnitState& state);
-
 template <typename T>
 decltype(auto) cast_arg(UnitState& state, T&& arg) {
   if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
@@ -121,6 +101,8 @@ class Unit {
   void reshard() { detail::reshard(*required_state()); }
   // This rank's accounting for the unit and every unit inside it.
   MemoryStats memory_stats() const { return detail::memory_stats(*required_state()); }
+  // This rank's communication time for the tree the unit belongs to.
+  CommStats comm_stats() const { return detail::comm_stats(*required_state()); }
 
  private:
   std::shared_ptr<detail::UnitState> required_state() const;
@@ -146,12 +128,10 @@ Unit<Holder> fully_shard(Unit<Holder>& unit, ProcessGroupPtr pg, FullyShardOptio
   return fully_shard(unit.module(), std::move(pg), std::move(options));
 }
 
-[[noreturn]] void throw_not_sharded(const char* what);
-
 template <typename Holder>
 std::shared_ptr<detail::UnitState> Unit<Holder>::required_state() const {
   auto state = detail::find_unit_state(holder_.get());
-  if (!state) throw_not_sharded("Unit::unshard/reshard/memory_stats");
+  if (!state) throw_not_sharded("Unit::unshard/reshard/memory_stats/comm_stats");
   return state;
 }
 

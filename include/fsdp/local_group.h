@@ -1,4 +1,5 @@
-// In-process test groups: how multi-rank logic is tested inside one process.
+// The thread-rank group: N ranks as N threads of one process, for tests and single-machine
+// experiments (the fake group, which plays one rank of a large world: fake_group.h).
 #pragma once
 
 #include <chrono>
@@ -25,12 +26,5 @@ std::vector<ProcessGroupPtr> make_local_groups(int world_size, LocalGroupOptions
 // caused), after all threads finished.
 void run_local_ranks(int world_size, const std::function<void(const ProcessGroupPtr&)>& body,
                      LocalGroupOptions options = {});
-
-// A "fake" group: plays rank `rank` of a world of `world_size` without communicating, as
-// PyTorch's FakeProcessGroup does, to test shapes, memory and collective counts of a large
-// world in one process. Results are those of a world in which every rank holds the same data:
-// all_gather repeats the input in every slot; a sum multiplies by world_size; an average and
-// broadcast leave data unchanged. Works on CPU or CUDA tensors; every Work is complete at once.
-ProcessGroupPtr make_fake_group(int rank, int world_size, at::DeviceType device = at::kCPU);
 
 }  // namespace fsdp

@@ -1,4 +1,4 @@
-// Per-rank accounting of FSDP units: memory and exposed communication time.
+// Per-rank memory accounting of FSDP units (their communication time: comm_stats.h).
 #pragma once
 
 #include <cstdint>
@@ -14,9 +14,6 @@ struct MemoryStats {
   int64_t peak_comm_buffer_bytes = 0;
   // Freed CPU buffers kept for reuse by the next step (gathers, reductions, full parameters).
   int64_t cached_buffer_bytes = 0;
-  // Seconds the training thread waited for collectives since the units were created: the
-  // communication that compute did not hide. Not memory, but counted in the same place.
-  double exposed_comm_seconds = 0;
 };
 
 }  // namespace fsdp

@@ -89,14 +89,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   virtual WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op);
   virtual WorkPtr do_broadcast(const at::Tensor& tensor, int root);
   virtual WorkPtr do_barrier();
-  // members: ranks of this group (ascending) that passed `color`, this rank among them.
-  virtual std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members);
-
-  // Gathers every rank's color with all_gather; backends that cannot communicate override it.
-  virtual std::vector<int> gather_colors(int color);
+  // members: ranks of this group (ascending) that passed `color`; this rank is
+  // members[index], its rank in the new group.
+  virtual std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members,
+                                                 int index);
+  // The device of this group's collectives' tensors (its device type; NCCL names its GPU).
+  virtual at::Device collective_device() const { return at::Device(device_type()); }
 
  private:
   void check_tensor(const char* op, const char* name, const at::Tensor& t) const;
+  // Every rank's color, by an all_gather on `device`.
+  std::vector<int> gather_colors(int color, const at::Device& device);
   void count(CollectiveKind kind, const at::Tensor& t);
 
   int rank_;

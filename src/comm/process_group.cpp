@@ -139,8 +139,8 @@ WorkPtr ProcessGroup::barrier() {
   return do_barrier();
 }
 
-std::vector<int> ProcessGroup::gather_colors(int color) {
-  auto opts = at::TensorOptions().dtype(at::kInt).device(device_type());
+std::vector<int> ProcessGroup::gather_colors(int color, const at::Device& device) {
+  auto opts = at::TensorOptions().dtype(at::kInt).device(device);
   auto mine = at::full({1}, color, opts);
   auto all = at::empty({size_}, opts);
   all_gather(all, mine)->wait();
@@ -150,12 +150,14 @@ std::vector<int> ProcessGroup::gather_colors(int color) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color) {
   FSDP_CHECK_ARG(color >= 0, "split: color must be >= 0, got {}", color);
-  auto colors = gather_colors(color);
+  auto colors = gather_colors(color, collective_device());
   std::vector<int> members;
+  int index = 0;
   for (int r = 0; r < size_; ++r) {
+    if (r == rank_) index = static_cast<int>(members.size());
     if (colors[r] == color) members.push_back(r);
   }
-  return do_split(color, members);
+  return do_split(color, members, index);
 }
 
 namespace {
@@ -175,7 +177,7 @@ WorkPtr ProcessGroup::do_all_reduce(const at::Tensor&, ReduceOp) {
 }
 WorkPtr ProcessGroup::do_broadcast(const at::Tensor&, int) { unsupported(*this, "broadcast"); }
 WorkPtr ProcessGroup::do_barrier() { unsupported(*this, "barrier"); }
-std::shared_ptr<ProcessGroup> ProcessGroup::do_split(int, const std::vector<int>&) {
+std::shared_ptr<ProcessGroup> ProcessGroup::do_split(int, const std::vector<int>&, int) {
   unsupported(*this, "split");
 }
 

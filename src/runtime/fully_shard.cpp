@@ -1,11 +1,10 @@
 // fully_shard's entry points: argument checks, the registry that maps a module to its unit
 // state, and the functions Unit<Holder> calls around a forward.
-#include "fsdp/fully_shard.h"
-
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
 #include "runtime/unit_state.h"
 
@@ -59,50 +58,56 @@ std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module) {
   return lookup_locked(r, module);
 }
 
-std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
-                                             ProcessGroupPtr pg, FullyShardOptions options) {
-  FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
-  FSDP_CHECK_ARG(pg != nullptr, "fully_shard: the process group is null");
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  FSDP_CHECK_ARG(!lookup_locked(r, module.get()),
-                 "fully_shard: {} was already sharded; call fully_shard once per module",
-                 module->name());
+namespace {
 
-  // Units already sharded inside this module become its children; their parameters are theirs.
-  std::vector<std::shared_ptr<UnitState>> children;
-  std::unordered_set<const UnitState*> inside;
-  for (const auto& sub : module->modules(/*include_self=*/false)) {
+struct ChildUnits {
+  std::vector<std::shared_ptr<UnitState>> direct;  // become this unit's children
+  std::unordered_set<const UnitState*> all;        // every unit inside the module
+};
+
+// Units already sharded inside `module`: the outermost become its children, and all of them
+// own their parameters.
+ChildUnits collect_child_units(Registry& r, const torch::nn::Module& module) {
+  ChildUnits out;
+  for (const auto& sub : module.modules(/*include_self=*/false)) {
     if (auto s = lookup_locked(r, sub.get())) {
-      inside.insert(s.get());
-      if (!s->has_parent()) children.push_back(s);
+      out.all.insert(s.get());
+      if (!s->has_parent()) out.direct.push_back(s);
     }
   }
+  return out;
+}
 
+// The module's parameters that no inner unit owns, checked: sharded nowhere else, at least
+// 1-d, on the group's device type, floating, one dtype.
+std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
+                                                                   const torch::nn::Module& module,
+                                                                   const ProcessGroup& pg,
+                                                                   const ChildUnits& children) {
   std::vector<std::pair<std::string, at::Tensor>> params;
-  for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     auto owner = r.owned.find(p.unsafeGetTensorImpl());
     if (owner != r.owned.end()) {
       auto s = owner->second.lock();
-      if (s && inside.count(s.get())) continue;  // a child's parameter
+      if (s && children.all.count(s.get())) continue;  // a child's parameter
       if (s) {
         throw InvalidArgument(fmt::format(
             "fully_shard: parameter '{}' of {} already belongs to another fully_shard unit "
             "that is not inside this module; shard inner modules before the modules that "
             "contain them, and do not share parameters between units",
-            item.key(), module->name()));
+            item.key(), module.name()));
       }
     }
     FSDP_CHECK_ARG(p.dim() >= 1,
                    "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
                    "give it shape [1]",
                    item.key());
-    FSDP_CHECK_ARG(p.device().type() == pg->device_type(),
+    FSDP_CHECK_ARG(p.device().type() == pg.device_type(),
                    "fully_shard: parameter '{}' is on {} but the {} process group works on {} "
                    "tensors",
-                   item.key(), p.device().str(), pg->backend_name(),
-                   c10::DeviceTypeName(pg->device_type(), true));
+                   item.key(), p.device().str(), pg.backend_name(),
+                   c10::DeviceTypeName(pg.device_type(), true));
     FSDP_CHECK_ARG(p.is_floating_point(),
                    "fully_shard: parameter '{}' has dtype {}; expected a "
                    "floating dtype",
@@ -112,18 +117,40 @@ std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Mo
                      "fully_shard: {} mixes parameter dtypes ('{}' is {}, '{}' is {}); one "
                      "unit is one communication buffer of one dtype: shard them in separate "
                      "units",
-                     module->name(), params.front().first,
+                     module.name(), params.front().first,
                      c10::toString(params.front().second.scalar_type()), item.key(),
                      c10::toString(p.scalar_type()));
     }
     params.emplace_back(item.key(), p);
   }
+  return params;
+}
 
-  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(options), params);
-  for (auto& c : children) state->adopt(c);
-  for (auto& [name, p] : params) r.owned[p.unsafeGetTensorImpl()] = state;
+// Makes `state` findable from its module and its parameters, and gives the module ownership.
+void register_unit(Registry& r, const std::shared_ptr<torch::nn::Module>& module,
+                   const std::shared_ptr<UnitState>& state,
+                   const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  for (const auto& item : params) r.owned[item.second.unsafeGetTensorImpl()] = state;
   r.states[module.get()] = state;
   module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
+}
+
+}  // namespace
+
+std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
+                                             ProcessGroupPtr pg, FullyShardOptions options) {
+  FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
+  FSDP_CHECK_ARG(pg != nullptr, "fully_shard: the process group is null");
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  FSDP_CHECK_ARG(!lookup_locked(r, module.get()),
+                 "fully_shard: {} was already sharded; call fully_shard once per module",
+                 module->name());
+  auto children = collect_child_units(r, *module);
+  auto params = collect_own_params(r, *module, *pg, children);
+  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(options), params);
+  for (auto& c : children.direct) state->adopt(c);
+  register_unit(r, module, state, params);
   return state;
 }
 
@@ -138,6 +165,7 @@ void post_forward(UnitState& state) { state.post_forward(); }
 void unshard(UnitState& state) { state.unshard(); }
 void reshard(UnitState& state) { state.reshard(); }
 MemoryStats memory_stats(const UnitState& state) { return state.memory_stats(); }
+CommStats comm_stats(const UnitState& state) { return state.comm_stats(); }
 
 }  // namespace detail
 

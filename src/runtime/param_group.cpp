@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+
 #include "fsdp/errors.h"
 
 namespace fsdp::detail {
@@ -39,14 +41,9 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
   compute_dtype_ = mp.param_dtype.value_or(orig);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
   int world = pg_->size();
-  for (auto& item : params) {
-    params_.emplace_back(item.second, pg_->rank(), world, compute_dtype_);
-    auto& fp = params_.back();
-    gather_offset_.push_back(padded_total_);
-    padded_total_ += fp.padded_numel();
-    reduce_offset_.push_back(fp.requires_grad() ? reduce_total_ : -1);
-    if (fp.requires_grad()) reduce_total_ += fp.padded_numel();
-  }
+  for (auto& item : params) params_.emplace_back(item.second, pg_->rank(), world, compute_dtype_);
+  gather_layout_ = gather_layout(params_);
+  reduce_layout_ = reduce_layout(params_);
   // One rank holding everything in its own dtype: the shard is the full parameter and autograd's
   // gradient is already the reduced one, so no copy and no collective is needed.
   passthrough_ = world == 1 && compute_dtype_ == orig && reduce_dtype_ == orig;
@@ -60,11 +57,9 @@ void ParamGroup::attach(Accounting* acct) {
 void ParamGroup::unshard_async() {
   if (state_ != State::kSharded || params_.empty() || passthrough_) return;
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
-  gather_in_ = acct_->pool->take(padded_total_, opts);  // every element written below
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].copy_shard_to(gather_in_.narrow(0, gather_offset_[i], params_[i].padded_numel()));
-  }
-  gather_out_ = acct_->pool->take(pg_->size() * padded_total_, opts);
+  gather_in_ = acct_->pool->take(gather_layout_.total, opts);  // copy-in writes every element
+  all_gather_copy_in(params_, gather_layout_, gather_in_);
+  gather_out_ = acct_->pool->take(pg_->size() * gather_layout_.total, opts);
   acct_->add_comm(bytes_of(gather_in_) + bytes_of(gather_out_));
   gather_work_ = pg_->all_gather(gather_out_, gather_in_);
   state_ = State::kGathering;
@@ -81,11 +76,7 @@ void ParamGroup::wait_unshard() {
     ExposedCommTimer timer(*acct_);
     gather_work_->wait();
   }
-  auto per_rank = gather_out_.view({pg_->size(), padded_total_});
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].copy_full_from(per_rank.narrow(1, gather_offset_[i], params_[i].padded_numel()));
-    params_[i].use_full();
-  }
+  all_gather_copy_out(params_, gather_layout_, gather_out_, pg_->size());
   release_gather_buffers();
   state_ = State::kFull;
 }
@@ -124,29 +115,23 @@ size_t ParamGroup::arm_grad_hooks(const std::function<void(size_t)>& on_grad) {
 }
 
 bool ParamGroup::post_backward() {
-  if (reduce_total_ == 0 || passthrough_) return false;
+  if (reduce_layout_.total == 0 || passthrough_) return false;
   // Never gathered for backward (output unused, eval): there are no full gradients.
   if (state_ != State::kFull) return false;
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
-  // Every element is written below: gradient rows, or zeros for padding and missing gradients.
-  auto in = acct_->pool->take(world * reduce_total_, opts);
-  auto per_rank = in.view({world, reduce_total_});
-  reduced_has_grad_.assign(params_.size(), false);
-  bool any = false;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (reduce_offset_[i] < 0) continue;
-    auto dst = per_rank.narrow(1, reduce_offset_[i], params_[i].padded_numel());
-    reduced_has_grad_[i] = params_[i].take_full_grad_into(dst);
-    any |= reduced_has_grad_[i];
-  }
+  // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.
+  auto in = acct_->pool->take(world * reduce_layout_.total, opts);
+  reduced_had_grad_ = reduce_scatter_copy_in(params_, reduce_layout_, in, world);
+  const bool any = std::find(reduced_had_grad_.begin(), reduced_had_grad_.end(), true) !=
+                   reduced_had_grad_.end();
   reshard();   // full gradients are gone; full parameters are no longer needed
   if (!any) {  // the same on every rank: the graphs are the same
     acct_->pool->give(std::move(in));
     return false;
   }
   reduce_in_ = in;
-  reduce_out_ = acct_->pool->take(reduce_total_, opts);
+  reduce_out_ = acct_->pool->take(reduce_layout_.total, opts);
   acct_->add_comm(bytes_of(reduce_in_) + bytes_of(reduce_out_));
   reduce_work_ = pg_->reduce_scatter(reduce_out_, reduce_in_, ReduceOp::kAvg);
   return true;
@@ -158,11 +143,7 @@ void ParamGroup::finish_reduce() {
       ExposedCommTimer timer(*acct_);
       reduce_work_->wait();
     }
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!reduced_has_grad_[i]) continue;
-      params_[i].accumulate_shard_grad(
-          reduce_out_.narrow(0, reduce_offset_[i], params_[i].padded_numel()));
-    }
+    reduce_scatter_copy_out(params_, reduce_layout_, reduce_out_, reduced_had_grad_);
     reduce_work_.reset();  // the backend's last reference to the buffers
     acct_->add_comm(-(bytes_of(reduce_in_) + bytes_of(reduce_out_)));
     acct_->pool->give(std::move(reduce_in_));

@@ -15,6 +15,7 @@
 #include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
 #include "runtime/accounting.h"
+#include "runtime/collectives.h"
 #include "runtime/fsdp_param.h"
 
 namespace fsdp::detail {
@@ -64,11 +65,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
   std::vector<FsdpParam> params_;
-  int64_t padded_total_ = 0;            // per-rank elements of the gather layout
-  std::vector<int64_t> gather_offset_;  // per param
-  int64_t reduce_total_ = 0;            // per-rank elements of the reduce layout
-  std::vector<int64_t> reduce_offset_;  // per param; -1 when it requires no grad
-  bool passthrough_ = false;            // world size 1 without dtype changes: nothing to move
+  FlatLayout gather_layout_, reduce_layout_;  // collectives.h
+  bool passthrough_ = false;                  // world size 1 without dtype changes: nothing to move
 
   State state_ = State::kSharded;
   WorkPtr gather_work_;
@@ -76,7 +74,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   WorkPtr reduce_work_;
   at::Tensor reduce_in_, reduce_out_;
-  std::vector<bool> reduced_has_grad_;
+  std::vector<bool> reduced_had_grad_;
 };
 
 }  // namespace fsdp::detail

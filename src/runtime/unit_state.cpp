@@ -228,7 +228,6 @@ MemoryStats UnitState::memory_stats() const {
   m.peak_full_param_bytes = acct.peak_full_bytes;
   m.comm_buffer_bytes = acct.comm_bytes;
   m.peak_comm_buffer_bytes = acct.peak_comm_bytes;
-  m.exposed_comm_seconds = acct.exposed_comm_seconds;
   m.cached_buffer_bytes = acct.pool->pooled_bytes();
   return m;
 }

@@ -9,7 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
+#include "fsdp/comm_stats.h"
+#include "fsdp/fully_shard_options.h"
+#include "fsdp/memory_stats.h"
 #include "runtime/param_group.h"
 #include "runtime/tree_context.h"
 
@@ -36,6 +38,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void unshard();
   void reshard();
   MemoryStats memory_stats() const;
+  CommStats comm_stats() const { return CommStats{ctx_->acct.exposed_comm_seconds}; }
 
  private:
   // The state of one backward, reset in one place (the end-of-backward callback). Several

@@ -4,6 +4,7 @@
 
 #include "fsdp/backends.h"
 #include "fsdp/errors.h"
+#include "fsdp/fake_group.h"
 #include "fsdp/local_group.h"
 #include "support/expect_error.h"
 

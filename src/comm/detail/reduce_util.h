@@ -16,6 +16,18 @@ inline at::Tensor accumulation_buffer(const at::Tensor& t) {
   return accumulates_in_fp32(t.scalar_type()) ? t.to(at::kFloat) : t;
 }
 
+// part(0) + part(1) + ... + part(world - 1), summed in this order (deterministic: the same bits
+// on every backend that uses it and in a single process adding the same contributions), in
+// float32 for bfloat16/float16 parts. The result is a new tensor, never a view of part(0).
+template <typename Part>
+at::Tensor sum_in_rank_order(int world, Part part) {
+  auto first = part(0);
+  auto acc = accumulates_in_fp32(first.scalar_type()) ? at::kFloat : first.scalar_type();
+  auto sum = first.to(acc, /*non_blocking=*/false, /*copy=*/true);
+  for (int r = 1; r < world; ++r) sum.add_(part(r));
+  return sum;
+}
+
 // Stores the engine's sum `reduced` into `dst`, dividing by `world` for kAvg. Division happens
 // in the accumulation dtype, before any rounding to dst's dtype.
 inline void finish_reduction(const at::Tensor& dst, const at::Tensor& reduced, ReduceOp op,

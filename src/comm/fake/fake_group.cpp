@@ -1,5 +1,6 @@
+#include "fsdp/fake_group.h"
+
 #include "comm/detail/op_queue.h"
-#include "fsdp/local_group.h"
 
 namespace fsdp {
 namespace {
@@ -36,12 +37,9 @@ class FakeProcessGroup final : public ProcessGroup {
   WorkPtr do_broadcast(const at::Tensor&, int) override { return done(); }
   WorkPtr do_barrier() override { return done(); }
 
-  // Every simulated rank chose this rank's color.
-  std::vector<int> gather_colors(int color) override { return std::vector<int>(size(), color); }
-
-  std::shared_ptr<ProcessGroup> do_split(int, const std::vector<int>& members) override {
-    int index = 0;
-    while (members[index] != rank()) ++index;
+  // The colors gathered through all_gather are this rank's, repeated: every simulated rank
+  // chose the same color.
+  std::shared_ptr<ProcessGroup> do_split(int, const std::vector<int>& members, int index) override {
     return std::make_shared<FakeProcessGroup>(index, static_cast<int>(members.size()), device_);
   }
 

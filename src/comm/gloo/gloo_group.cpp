@@ -80,9 +80,8 @@ class GlooProcessGroup final : public ProcessGroup {
     return queue_.submit([=] { run("barrier", [&] { return gloo_->barrier(); }); });
   }
 
-  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members) override {
-    auto it = std::find(members.begin(), members.end(), rank());
-    int index = static_cast<int>(it - members.begin());
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members,
+                                         int index) override {
     // Each split gets its own key space in the store so its rendezvous cannot collide.
     auto prefix = fmt::format("fsdp_split/{}/{}/{}", depth_, split_count_++, color);
     auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);

@@ -145,9 +145,8 @@ class LocalProcessGroup final : public ProcessGroup {
         [=] { rendezvous(CollectiveKind::kBarrier, at::Tensor(), at::Tensor(), 0, [](auto&) {}); });
   }
 
-  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members) override {
-    auto it = std::find(members.begin(), members.end(), rank());
-    int index = static_cast<int>(it - members.begin());
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members,
+                                         int index) override {
     auto child = world_->child(split_count_++, color, static_cast<int>(members.size()));
     return std::make_shared<LocalProcessGroup>(index, child);
   }
@@ -156,11 +155,8 @@ class LocalProcessGroup final : public ProcessGroup {
   // Sum over ranks of input[offset, offset + n), in float32 for 16-bit floats, in rank order
   // (deterministic).
   at::Tensor sum_slices(std::vector<Post>& posts, int64_t offset, int64_t n) {
-    auto slice = [&](int r) { return posts[r].input.view(-1).narrow(0, offset, n); };
-    auto acc_dtype = detail::accumulates_in_fp32(posts[0].dtype) ? at::kFloat : posts[0].dtype;
-    auto sum = slice(0).to(acc_dtype, /*non_blocking=*/false, /*copy=*/true);
-    for (int r = 1; r < size(); ++r) sum.add_(slice(r));
-    return sum;
+    return detail::sum_in_rank_order(
+        size(), [&](int r) { return posts[r].input.view(-1).narrow(0, offset, n); });
   }
 
   template <typename Compute>

@@ -81,8 +81,6 @@ class MpiProcessGroup final : public ProcessGroup {
       auto in = detail::as_bits(input);
       auto recv = detail::as_bits(scratch_);
       auto type = mpi_type(in.scalar_type());
-      auto acc =
-          detail::accumulates_in_fp32(input.scalar_type()) ? at::kFloat : input.scalar_type();
       auto out = output.view(-1);
       std::vector<int> counts(world), send_at(world), recv_at(world);
       for (int64_t at_elem = 0; at_elem < n; at_elem += chunk) {
@@ -97,8 +95,7 @@ class MpiProcessGroup final : public ProcessGroup {
                                counts.data(), recv_at.data(), type, comm_);
         });
         auto parts = scratch_.narrow(0, 0, world * c).view({world, c});
-        auto sum = parts[0].to(acc, /*non_blocking=*/false, /*copy=*/true);
-        for (int r = 1; r < world; ++r) sum.add_(parts[r]);
+        auto sum = detail::sum_in_rank_order(world, [&](int r) { return parts[r]; });
         detail::finish_reduction(out.narrow(0, at_elem, c), sum, op, world);
       }
     });
@@ -128,7 +125,7 @@ class MpiProcessGroup final : public ProcessGroup {
     return queue_->submit([=] { call("barrier", [&] { return MPI_Barrier(comm_); }); });
   }
 
-  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>&) override {
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>&, int) override {
     MPI_Comm child = MPI_COMM_NULL;
     // Through the queue: MPI requires collectives on one communicator to be issued in the
     // same order everywhere, so it must not race the worker's collectives.

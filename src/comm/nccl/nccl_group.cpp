@@ -172,17 +172,11 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  std::vector<int> gather_colors(int color) override {
-    detail::CudaDeviceGuard guard(device_);
-    auto opts = at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_);
-    auto mine = at::full({1}, color, opts);
-    auto all = at::empty({size()}, opts);
-    all_gather(all, mine)->wait();
-    auto cpu = all.cpu();
-    return std::vector<int>(cpu.data_ptr<int>(), cpu.data_ptr<int>() + size());
+  at::Device collective_device() const override {
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_));
   }
 
-  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members) override {
+  std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members, int) override {
     detail::CudaDeviceGuard guard(device_);
     ncclComm_t child = nullptr;
     FSDP_NCCL_CHECK(ncclCommSplit(comm_, color, rank(), &child, nullptr), "split", rank(), size());

@@ -1,0 +1,38 @@
+// Internal: what fsdp::Unit<Holder> (fully_shard.h) calls around a module's forward, implemented
+// by the sharding runtime (src/runtime/fully_shard.cpp). Not for direct use.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "fsdp/comm_stats.h"
+#include "fsdp/fully_shard_options.h"
+#include "fsdp/memory_stats.h"
+#include "fsdp/process_group.h"
+
+namespace fsdp {
+namespace detail {
+class UnitState;
+
+// The state fully_shard attached to `module`, or null.
+std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module);
+std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
+                                             ProcessGroupPtr pg, FullyShardOptions options);
+void pre_forward(UnitState& state);
+at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input);
+// Casts to output_dtype and hooks the pre-backward; may replace `output`.
+void post_forward_output(UnitState& state, at::Tensor& output);
+void post_forward(UnitState& state);
+void unshard(UnitState& state);
+void reshard(UnitState& state);
+MemoryStats memory_stats(const UnitState& state);
+CommStats comm_stats(const UnitState& state);
+
+}  // namespace detail
+
+// Throws InvalidArgument: `what` was called on a module fully_shard was not applied to.
+[[noreturn]] void throw_not_sharded(const char* what);
+
+}  // namespace fsdp
