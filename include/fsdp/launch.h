@@ -57,4 +57,8 @@ struct Distributed {
 // engine fails to start.
 Distributed init_from_env(const InitOptions& options = {});
 
+// The same from a LaunchInfo the program already has (detect_launch() called once, say to
+// validate flags before any communication).
+Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& options = {});
+
 }  // namespace fsdp

@@ -117,8 +117,12 @@ std::vector<uint8_t> exchange_nccl_id(const LaunchInfo& launch, std::chrono::mil
 }  // namespace
 
 Distributed init_from_env(const InitOptions& options) {
+  return init_from_launch(detect_launch(), options);
+}
+
+Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& options) {
   Distributed d;
-  d.launch = detect_launch();
+  d.launch = launch;
   d.device = choose_device(options, d.launch);
   auto backend = choose_backend(options, d.launch, d.device);
   if (backend == "local") {

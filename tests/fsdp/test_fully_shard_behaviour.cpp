@@ -8,12 +8,6 @@
 namespace fsdp::testing {
 namespace {
 
-LocalGroupOptions test_options() {
-  LocalGroupOptions options;
-  options.timeout = std::chrono::seconds(60);
-  return options;
-}
-
 // Counts per step with N = 2 blocks plus the root (FSDP2's test_fully_shard_comm numbers):
 // forward N+1 all-gathers; backward N+1 (reshard) or 0 (keep); N+1 reduce-scatters.
 class CollectiveCounts : public ::testing::TestWithParam<bool> {};
@@ -32,8 +26,8 @@ TEST_P(CollectiveCounts, PerStep) {
         for (int step = 0; step < 3; ++step) {  // later steps prefetch: counts must not change
           auto [tokens, targets] = global_batch(spec, step);
           pg->reset_stats();
-          auto loss = loss_of(root(tokens.narrow(0, pg->rank() * 6, 6)),
-                              targets.narrow(0, pg->rank() * 6, 6), spec.model.output_size());
+          auto loss = loss_of(root(rank_slice(tokens, pg, 6)), rank_slice(targets, pg, 6),
+                              spec.model.output_size());
           EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), n + 1) << "forward";
           EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), 0);
           pg->reset_stats();
@@ -120,8 +114,7 @@ TEST(NestedUnusedBuffers, MatchSingleProcess) {
         for (int step = 0; step < 5; ++step) {
           auto [x, y] = net_batch(step);
           opt.zero_grad();
-          loss_of(root(x.narrow(0, pg->rank() * 3, 3)), y.narrow(0, pg->rank() * 3, 3), 3)
-              .backward();
+          loss_of(root(rank_slice(x, pg, 3)), rank_slice(y, pg, 3), 3).backward();
           // The unused unit got no gradient: nothing was reduced into it.
           for (const auto& p : net->unused->parameters()) EXPECT_FALSE(p.grad().defined());
           opt.step();
@@ -149,8 +142,7 @@ std::vector<at::Tensor> train_sgd(const TrainSpec& spec, const ProcessGroupPtr& 
   for (int step = 0; step < 3; ++step) {
     auto [tokens, targets] = global_batch(spec, step);
     opt.zero_grad();
-    backward(root, tokens.narrow(0, pg->rank() * 6, 6), targets.narrow(0, pg->rank() * 6, 6),
-             spec.model.output_size());
+    backward(root, rank_slice(tokens, pg, 6), rank_slice(targets, pg, 6), spec.model.output_size());
     opt.step();
   }
   std::vector<at::Tensor> shards;
@@ -226,15 +218,15 @@ TEST(Evaluation, NoGradForwardFreesAllAndTrainingGoesOn) {
         at::Tensor eval_logits;
         {
           torch::NoGradGuard no_grad;
-          eval_logits = root(tokens.narrow(0, pg->rank() * 6, 6));
+          eval_logits = root(rank_slice(tokens, pg, 6));
         }
         EXPECT_FALSE(eval_logits.requires_grad());
         EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-2));
         opt.zero_grad();
-        auto logits = root(tokens.narrow(0, pg->rank() * 6, 6));
+        auto logits = root(rank_slice(tokens, pg, 6));
         EXPECT_TRUE(at::allclose(logits.detach(), eval_logits, 1e-6, 1e-6));
-        loss_of(logits, targets.narrow(0, pg->rank() * 6, 6), spec.model.output_size()).backward();
+        loss_of(logits, rank_slice(targets, pg, 6), spec.model.output_size()).backward();
         opt.step();
         EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
       },
@@ -272,7 +264,7 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
         auto root = shard_model(model, pg);
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-3));
         auto [tokens, targets] = global_batch(spec, 0);
-        loss_of(root(tokens.narrow(0, pg->rank() * 6, 6)), targets.narrow(0, pg->rank() * 6, 6),
+        loss_of(root(rank_slice(tokens, pg, 6)), rank_slice(targets, pg, 6),
                 spec.model.output_size())
             .backward();
         opt.step();
@@ -295,11 +287,7 @@ TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
   TrainSpec spec;
   auto pg = make_fake_group(/*rank=*/7, /*world_size=*/8);
   auto model = build_model(spec);
-  int64_t expected = 0;
-  for (const auto& p : model->parameters()) {
-    auto r = shard_range(p.size(0), 8, 7);
-    expected += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
-  }
+  const int64_t expected = expected_shard_bytes(model, /*world=*/8, /*rank=*/7);
   auto root = shard_model(model, pg);
   auto [tokens, targets] = global_batch(spec, 0);
   pg->reset_stats();

@@ -62,11 +62,7 @@ TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {
   s.mp.reduce_dtype = at::kFloat;
   auto pg = make_fake_group(0, world, at::kCUDA);
   auto model = build_model(s);
-  int64_t expected = 0;
-  for (const auto& p : model->parameters()) {
-    auto r = shard_range(p.size(0), world, 0);
-    expected += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
-  }
+  const int64_t expected = expected_shard_bytes(model, world, /*rank=*/0);
   FullyShardOptions opts{s.mp, std::nullopt};
   auto root = shard_model(model, pg, opts);
   auto [tokens, targets] = global_batch(s, 0);

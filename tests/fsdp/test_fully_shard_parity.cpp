@@ -12,12 +12,6 @@ namespace {
 // batch in one process, so only the order of float additions may differ.
 constexpr double kFp32Tolerance = 1e-5;
 
-LocalGroupOptions test_options() {
-  LocalGroupOptions options;
-  options.timeout = std::chrono::seconds(60);  // a hang fails the test instead of stalling CI
-  return options;
-}
-
 class Fp32Parity : public ::testing::TestWithParam<int> {};
 
 TEST_P(Fp32Parity, MatchesSingleProcess) {

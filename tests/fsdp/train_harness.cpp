@@ -9,6 +9,21 @@
 
 namespace fsdp::testing {
 
+LocalGroupOptions test_options() {
+  LocalGroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return options;
+}
+
+int64_t expected_shard_bytes(TinyLM& model, int world, int rank) {
+  int64_t bytes = 0;
+  for (const auto& p : model->parameters()) {
+    auto r = shard_range(p.size(0), world, rank);
+    bytes += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
+  }
+  return bytes;
+}
+
 TinyLM build_model(const TrainSpec& spec) {
   // Thread ranks share libtorch's global generator: build one model at a time.
   static std::mutex mu;

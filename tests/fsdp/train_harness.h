@@ -51,6 +51,18 @@ struct TrainResult {
 
 // The same initial parameters on every thread and process for a given seed.
 TinyLM build_model(const TrainSpec& spec);
+
+// Rows [rank * per_rank, (rank + 1) * per_rank) of a global batch: this rank's slice.
+inline at::Tensor rank_slice(const at::Tensor& batch, const ProcessGroupPtr& pg, int64_t per_rank) {
+  return batch.narrow(0, pg->rank() * per_rank, per_rank);
+}
+
+// Thread-rank options for tests: a hang fails the test after a minute instead of stalling CI.
+LocalGroupOptions test_options();
+
+// Bytes of `rank`'s shards of every parameter of `model` (fp32, before sharding) in a world of
+// `world` ranks: what MemoryStats::sharded_param_bytes must report.
+int64_t expected_shard_bytes(TinyLM& model, int world, int rank);
 // Global batch of `step`: tokens [batch, seq] and class targets [batch, seq].
 std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step);
 

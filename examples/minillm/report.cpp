@@ -1,0 +1,120 @@
+#include "report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace minillm {
+namespace {
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The largest value of `x` over ranks (int64 travels as float64: exact below 2^53).
+int64_t max_over_ranks(fsdp::ProcessGroup& pg, int64_t x, const c10::Device& device) {
+  auto mine = torch::full({1}, static_cast<double>(x), torch::dtype(torch::kDouble).device(device));
+  auto all = torch::empty({pg.size()}, mine.options());
+  pg.all_gather(all, mine)->wait();
+  return static_cast<int64_t>(all.max().item<double>());
+}
+
+}  // namespace
+
+Reporter::Reporter(const Options& options, const fsdp::Distributed& dist)
+    : o_(options), dist_(dist), lead_(dist.group->rank() == 0), cuda_(dist.device.is_cuda()) {
+  if (lead_ && !o_.metrics_out.empty()) {
+    metrics_.open(o_.metrics_out);
+    if (!metrics_) throw fsdp::InvalidArgument("cannot write --metrics-out " + o_.metrics_out);
+  }
+}
+
+void Reporter::header(int64_t n_params, int64_t shard_bytes, const std::string& data) {
+  if (!lead_) return;
+  const int world = dist_.group->size();
+  fmt::print("MiniLLM | world {} | backend {} | device {} | dtype {}\n", world,
+             dist_.group->backend_name(), dist_.device.str(), o_.dtype);
+  fmt::print(
+      "model: vocab {} dim {} layers {} heads {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n",
+      o_.model.vocab, o_.model.dim, o_.model.layers, o_.model.heads, o_.seq, n_params / 1e6,
+      mib(n_params * 4));
+  fmt::print(
+      "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
+      "(ZeRO-3: 16 bytes/param / {})\n",
+      mib(shard_bytes), mib(3 * shard_bytes), world);
+  fmt::print("data: {} | global batch {} sequences ({} per rank) | {} steps\n", data, o_.batch,
+             o_.batch / world, o_.steps);
+}
+
+void Reporter::start_step(const fsdp::CommStats& comm) {
+  comm_before_ = comm.exposed_seconds;
+  if (cuda_) torch::cuda::synchronize();
+  t0_ = std::chrono::steady_clock::now();
+}
+
+void Reporter::end_step(int step, const torch::Tensor& loss, const fsdp::CommStats& comm,
+                        const fsdp::MemoryStats& m) {
+  if (cuda_) torch::cuda::synchronize();
+  const double step_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const double exposed = comm.exposed_seconds - comm_before_;
+  auto& pg = *dist_.group;
+  auto global_loss = loss.detach().reshape({1}).clone();
+  pg.all_reduce(global_loss, fsdp::ReduceOp::kAvg)->wait();
+  const int64_t mem =
+      cuda_ ? fsdp::cuda_peak_allocated_bytes(dist_.device.index()) : fsdp::host_peak_rss_bytes();
+  peak_mem_ = max_over_ranks(pg, mem, dist_.device);
+  const double loss_value = global_loss.item<double>();
+  const double tokens_per_s = o_.batch * o_.seq / step_s;
+  if (step == 0) first_loss_ = loss_value;
+  last_loss_ = loss_value;
+  step_times_.push_back(step_s);
+  token_rates_.push_back(tokens_per_s);
+  if (!lead_) return;
+  fmt::print(
+      "step {:>4} | loss {:.4f} | {:>8.0f} tok/s | step {:.3f} s (compute {:.3f}, exposed comm "
+      "{:.3f}) | peak {} {:.0f} MiB/rank | full params peak {:.1f} MiB\n",
+      step, loss_value, tokens_per_s, step_s, step_s - exposed, exposed,
+      cuda_ ? "allocated" : "rss", mib(peak_mem_), mib(m.peak_full_param_bytes));
+  std::fflush(stdout);
+  if (metrics_.is_open()) {
+    nlohmann::json j = {{"step", step},
+                        {"loss", loss_value},
+                        {"tokens_per_s", tokens_per_s},
+                        {"step_s", step_s},
+                        {"compute_s", step_s - exposed},
+                        {"exposed_comm_s", exposed},
+                        {"peak_mem_bytes", peak_mem_},
+                        {"peak_full_param_bytes", m.peak_full_param_bytes},
+                        {"sharded_param_bytes", m.sharded_param_bytes},
+                        {"sharded_grad_bytes", m.sharded_grad_bytes},
+                        {"peak_comm_buffer_bytes", m.peak_comm_buffer_bytes},
+                        {"world", pg.size()}};
+    metrics_ << j.dump() << "\n";
+    metrics_.flush();
+  }
+}
+
+void Reporter::summary() {
+  if (!lead_) return;
+  // The first steps warm up allocators and caches: medians skip them when there are enough.
+  const size_t skip = step_times_.size() > 4 ? 2 : 0;
+  std::vector<double> rates(token_rates_.begin() + skip, token_rates_.end());
+  std::vector<double> times(step_times_.begin() + skip, step_times_.end());
+  const double tps = median(rates);
+  fmt::print(
+      "done: loss {:.4f} -> {:.4f} | median {:.0f} tok/s, {:.3f} s/step | peak {:.0f} "
+      "MiB/rank\n",
+      first_loss_, last_loss_, tps, median(times), mib(peak_mem_));
+  if (cuda_) {
+    double mfu = tps / dist_.group->size() * train_flops_per_token(o_.model, o_.seq) / 989e12;
+    fmt::print("MFU {:.1f}% of 989 TFLOP/s dense bf16 per GPU\n", 100 * mfu);
+  }
+}
+
+}  // namespace minillm
