@@ -9,7 +9,9 @@
 // differently; tests/optim: relative parameter difference under 1e-6 after 20 steps).
 //
 // Works on sharded parameters like any libtorch optimizer: each rank updates its own shards.
-// Parameters of one group must share a device; floating dtypes only (fp32, bf16, fp16, fp64).
+// Floating parameters only (fp32, bf16, fp16, fp64); a group may mix devices and dtypes (the
+// kernel runs once per device and dtype). Each step makes one scalar step-count tensor per
+// parameter for the kernel (microseconds; the state keeps libtorch's integer count).
 #pragma once
 
 #include <torch/optim/adamw.h>
