@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -47,6 +48,10 @@ std::string check(const Options& o, int world_size) {
         world_size, o.batch, world_size, world_size);
   }
   if (!(o.lr > 0)) return fmt::format("--lr must be positive, got {}", o.lr);
+  if (!(o.clip_grad_norm >= 0) || std::isinf(o.clip_grad_norm)) {
+    return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
+                       o.clip_grad_norm);
+  }
   if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
   if (o.data != "auto" && o.data != "synthetic") {
     std::error_code ec;
@@ -106,6 +111,10 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
                  "libtorch's torch::optim::AdamW (nine ops per parameter)")
       ->check(CLI::IsMember({"fused-adamw", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
+                 "optimizer step; 0: no clipping")
       ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,

@@ -23,7 +23,9 @@ struct Options {
   std::string init_from;  // safetensors file with the initial weights (PyTorch's names)
   int threads = 0;        // intra-op threads per rank; 0: cores / local ranks
   bool reshard_after_forward = true;
-  std::string optimizer = "fused-adamw";  // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
+  std::string optimizer = "fused-adamw";
+  double clip_grad_norm = 0;  // > 0: clip gradients to this global 2-norm before each step  //
+                              // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

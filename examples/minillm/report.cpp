@@ -57,8 +57,8 @@ void Reporter::start_step(const fsdp::CommStats& comm) {
   t0_ = std::chrono::steady_clock::now();
 }
 
-void Reporter::end_step(int step, const torch::Tensor& loss, const fsdp::CommStats& comm,
-                        const fsdp::MemoryStats& m) {
+void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
+                        const fsdp::CommStats& comm, const fsdp::MemoryStats& m) {
   if (cuda_) torch::cuda::synchronize();
   const double step_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -77,10 +77,11 @@ void Reporter::end_step(int step, const torch::Tensor& loss, const fsdp::CommSta
   token_rates_.push_back(tokens_per_s);
   if (!lead_) return;
   fmt::print(
-      "step {:>4} | loss {:.4f} | {:>8.0f} tok/s | step {:.3f} s (compute {:.3f}, exposed comm "
+      "step {:>4} | loss {:.4f}{} | {:>8.0f} tok/s | step {:.3f} s (compute {:.3f}, exposed comm "
       "{:.3f}) | peak {} {:.0f} MiB/rank | full params peak {:.1f} MiB\n",
-      step, loss_value, tokens_per_s, step_s, step_s - exposed, exposed,
-      cuda_ ? "allocated" : "rss", mib(peak_mem_), mib(m.peak_full_param_bytes));
+      step, loss_value, o_.clip_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", grad_norm) : "",
+      tokens_per_s, step_s, step_s - exposed, exposed, cuda_ ? "allocated" : "rss", mib(peak_mem_),
+      mib(m.peak_full_param_bytes));
   std::fflush(stdout);
   if (metrics_.is_open()) {
     nlohmann::json j = {{"step", step},
@@ -95,6 +96,7 @@ void Reporter::end_step(int step, const torch::Tensor& loss, const fsdp::CommSta
                         {"sharded_grad_bytes", m.sharded_grad_bytes},
                         {"peak_comm_buffer_bytes", m.peak_comm_buffer_bytes},
                         {"world", pg.size()}};
+    if (o_.clip_grad_norm > 0) j["grad_norm"] = grad_norm;
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

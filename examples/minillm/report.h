@@ -24,7 +24,8 @@ class Reporter {
   void header(int64_t n_params, int64_t shard_bytes, const std::string& data);
   // Around the timed part of a step: synchronises the GPU so the clock measures its work.
   void start_step(const fsdp::CommStats& comm);
-  void end_step(int step, const torch::Tensor& loss, const fsdp::CommStats& comm,
+  // grad_norm: the global gradient norm before clipping (0 when not clipping).
+  void end_step(int step, const torch::Tensor& loss, double grad_norm, const fsdp::CommStats& comm,
                 const fsdp::MemoryStats& memory);
   void summary();
 

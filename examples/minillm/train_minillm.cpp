@@ -92,8 +92,12 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     auto loss = torch::nn::functional::cross_entropy(
         logits.reshape({-1, o.model.vocab}).to(torch::kFloat), targets.reshape(-1));
     loss.backward();
+    double grad_norm = 0;
+    if (o.clip_grad_norm > 0) {
+      grad_norm = fsdp::clip_grad_norm_(root->parameters(), o.clip_grad_norm, dist.group);
+    }
     opt->step();
-    report.end_step(step, loss, root.comm_stats(), root.memory_stats());
+    report.end_step(step, loss, grad_norm, root.comm_stats(), root.memory_stats());
   }
   report.summary();
   return 0;

@@ -37,6 +37,8 @@ expect_error "--dim must be a positive integer" --dim 0
 expect_error "--heads must divide --dim" --dim 64 --heads 5
 expect_error "no such file" --data /nonexistent/text.txt
 expect_error "The following argument was not expected: --bogus" --bogus
+expect_error "--clip-grad-norm must be a finite number >= 0" --clip-grad-norm -1
+expect_error "--init-from /nonexistent.safetensors: no such file" --init-from /nonexistent.safetensors
 expect_error "--steps must be a positive integer" --steps -3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then

@@ -2,6 +2,9 @@
 // equivalence as the thread-rank tests, each process computing the reference itself.
 #include <gtest/gtest.h>
 
+#include <limits>
+
+#include "clip_grad_check.h"
 #include "support/multi_process_main.h"
 #include "train_harness.h"
 
@@ -40,6 +43,12 @@ TEST(FullyShardMpi, ReshardAfterForwardFalseMatches) {
   auto a = train_sharded(keep, world());
   auto b = train_sharded(free, world());
   EXPECT_EQ(max_rel_param_error(a, b), 0.0);
+}
+
+TEST(FullyShardMpi, ClipGradNormMatchesLibtorchOnTheUnshardedModel) {
+  for (double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
+    expect_clip_grad_matches_libtorch(world(), p);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,33 @@
+// Gradient clipping by the global norm for sharded parameters.
+//
+// libtorch's torch::nn::utils::clip_grad_norm_ called on a rank's shards computes the norm of
+// that rank's shards only, so every rank would scale by a different factor: wrong for FSDP.
+// fsdp::clip_grad_norm_ combines every rank's shards with one collective and scales all of them
+// by the same factor, which makes a sharded run equal the unsharded one clipped with libtorch's
+// function (tests/fsdp/test_clip_grad.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <vector>
+
+#include "fsdp/process_group.h"
+
+namespace fsdp {
+
+// The total p-norm of the gradients of `params` (this rank's shards; parameters without a
+// gradient are skipped) over all ranks of `pg`: (sum over ranks and parameters of |g|^p)^(1/p),
+// or the largest |g| for p = infinity. Every gradient is then multiplied by
+// min(1, max_norm / (total + 1e-6)), as torch::nn::utils::clip_grad_norm_ does. Returns the total
+// norm, the same on every rank. One all_gather of one double per rank; every rank must call it.
+// Gradients may mix dtypes (norms combine in double precision).
+//
+// Throws InvalidArgument, before touching any gradient, when max_norm is not a positive finite
+// number or norm_type is not positive (infinity allowed); with error_if_nonfinite, Error when
+// the total norm is NaN or infinite (then no gradient is scaled), on every rank alike.
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const ProcessGroupPtr& pg, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
+
+}  // namespace fsdp

@@ -1,0 +1,62 @@
+#include "fsdp/clip_grad.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+
+#include "fsdp/errors.h"
+
+namespace fsdp {
+
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const ProcessGroupPtr& pg, double norm_type, bool error_if_nonfinite) {
+  FSDP_CHECK_ARG(pg != nullptr, "clip_grad_norm_: the process group is null");
+  FSDP_CHECK_ARG(std::isfinite(max_norm) && max_norm > 0,
+                 "clip_grad_norm_: max_norm must be a positive finite number, got {}", max_norm);
+  FSDP_CHECK_ARG(norm_type > 0, "clip_grad_norm_: norm_type must be positive (or infinity), got {}",
+                 norm_type);
+  const bool inf = std::isinf(norm_type);
+  c10::NoGradGuard no_grad;
+
+  // This rank's part, on the gradients' device without a host sync: sum of |g|^p (or max |g|)
+  // over its gradients, each gradient's norm in its own dtype (float for 16-bit ones), the
+  // combination in double so that mixed dtypes lose nothing.
+  const auto device = params.empty() ? at::Device(pg->device_type()) : params.front().device();
+  auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
+  std::vector<at::Tensor> grads, norms;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad();
+    grads.push_back(g);
+    if (g.numel() == 0) continue;
+    if (g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf) g = g.to(at::kFloat);
+    norms.push_back((inf ? g.abs().max() : g.norm(norm_type)).to(at::kDouble).reshape({1}));
+  }
+  at::Tensor mine = at::zeros({1}, opts);
+  if (!norms.empty()) {
+    auto n = at::cat(norms);
+    mine = (inf ? n.max() : n.pow(norm_type).sum()).reshape({1}).to(device);
+  }
+
+  // One double per rank, combined in rank order: the same total, bit for bit, on every rank.
+  auto all = at::empty({pg->size()}, opts);
+  pg->all_gather(all, mine)->wait();
+  auto parts = all.cpu();
+  const double* v = parts.data_ptr<double>();
+  double total = 0;
+  for (int r = 0; r < pg->size(); ++r) total = inf ? std::max(total, v[r]) : total + v[r];
+  if (!inf) total = std::pow(total, 1.0 / norm_type);
+
+  if (error_if_nonfinite && !std::isfinite(total)) {
+    throw Error(fmt::format(
+        "clip_grad_norm_: the total norm of order {} of the gradients is {}, so they cannot be "
+        "clipped (left unchanged)",
+        norm_type, total));
+  }
+  const double coef = std::min(1.0, max_norm / (total + 1e-6));
+  for (auto& g : grads) g.mul_(coef);
+  return total;
+}
+
+}  // namespace fsdp
