@@ -66,14 +66,20 @@ MiniLLMImpl::MiniLLMImpl(const Config& c) {
     blocks->push_back(block);
     layers.push_back(block);
   }
-  head = register_module(
-      "head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.output_size()).bias(false)));
+  if (c.tie_embeddings) {
+    TORCH_CHECK(c.outputs == 0, "MiniLLM: tie_embeddings needs the head to have vocab rows");
+    tied_head = register_module("head", std::make_shared<torch::nn::Module>());
+    tied_head->register_parameter("weight", embed->weight);
+  } else {
+    head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.output_size()).bias(false)));
+  }
 }
 
 torch::Tensor MiniLLMImpl::forward(const torch::Tensor& tokens) {
   auto x = embed(tokens);
   for (auto& layer : layers) x = layer(x);
-  return head(x);
+  return tied_head ? torch::nn::functional::linear(x, embed->weight) : head(x);
 }
 
 double train_flops_per_token(const Config& c, int64_t seq) {

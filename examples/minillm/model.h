@@ -29,6 +29,9 @@ struct Config {
   // head of a size that divides by nothing.
   int64_t outputs = 0;
   int64_t output_size() const { return outputs > 0 ? outputs : vocab; }
+  // The output head reuses the embedding's weight (tied; needs outputs == 0): one tensor
+  // registered as both embed.weight and head.weight.
+  bool tie_embeddings = false;
 };
 
 // nn.RMSNorm(dim): x * rsqrt(mean(x^2) + eps) * weight through torch::rms_norm, whose eps
@@ -82,7 +85,9 @@ class MiniLLMImpl : public torch::nn::Module {
   torch::nn::Embedding embed{nullptr};
   // The blocks, registered as the children of a ModuleList named "layers" (PyTorch's names).
   std::vector<fsdp::Unit<TransformerBlock>> layers;
+  // Untied: a Linear. Tied: a parameterless module holding embed.weight as its "weight".
   torch::nn::Linear head{nullptr};
+  std::shared_ptr<torch::nn::Module> tied_head;
 };
 TORCH_MODULE(MiniLLM);
 

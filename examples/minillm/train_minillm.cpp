@@ -76,9 +76,9 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   const int64_t local_batch = o.batch / dist.group->size();
   auto model = build_model(o, dist.device);
   int64_t n_params = 0;
-  for (const auto& p : model->parameters()) n_params += p.numel();
+  for (const auto& p : fsdp::unique_parameters(*model)) n_params += p.numel();
   auto root = shard(model, o, dist.group);
-  auto opt = make_optimizer(o, root->parameters());
+  auto opt = make_optimizer(o, root.parameters());
   auto data = open_data(o);
   minillm::Reporter report(o, dist);
   report.header(n_params, root.memory_stats().sharded_param_bytes, data->describe());
@@ -94,7 +94,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     loss.backward();
     double grad_norm = 0;
     if (o.clip_grad_norm > 0) {
-      grad_norm = fsdp::clip_grad_norm_(root->parameters(), o.clip_grad_norm, dist.group);
+      grad_norm = fsdp::clip_grad_norm_(root.parameters(), o.clip_grad_norm, dist.group);
     }
     opt->step();
     report.end_step(step, loss, grad_norm, root.comm_stats(), root.memory_stats());

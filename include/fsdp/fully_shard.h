@@ -2,7 +2,7 @@
 //
 //   for (auto& layer : model->layers) fsdp::fully_shard(layer, pg, {mp});  // Unit members
 //   auto sharded = fsdp::fully_shard(model, pg, {mp});      // the root
-//   torch::optim::AdamW opt(sharded->parameters(), ...);    // this rank's shards
+//   torch::optim::AdamW opt(sharded.parameters(), ...);     // this rank's shards, each once
 //   auto loss = loss_fn(sharded(tokens)); loss.backward(); opt.step();
 //
 // libtorch modules have no forward hooks, so a unit's forward must be called through
@@ -42,6 +42,7 @@
 #include "fsdp/fully_shard_options.h"
 #include "fsdp/memory_stats.h"
 #include "fsdp/process_group.h"
+#include "fsdp/unique_parameters.h"
 
 namespace fsdp {
 
@@ -81,6 +82,9 @@ class Unit {
   auto* operator->() { return holder_.get(); }
   const auto* operator->() const { return holder_.get(); }
   Holder& module() { return holder_; }
+  // This rank's parameter shards, each tensor once (unique_parameters): give these to the
+  // optimizer.
+  std::vector<at::Tensor> parameters() const { return unique_parameters(*holder_); }
   const Holder& module() const { return holder_; }
   bool is_sharded() const { return detail::find_unit_state(holder_.get()) != nullptr; }
 

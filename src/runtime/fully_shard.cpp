@@ -6,6 +6,7 @@
 
 #include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
+#include "fsdp/unique_parameters.h"
 #include "runtime/unit_state.h"
 
 namespace fsdp {
@@ -78,25 +79,61 @@ ChildUnits collect_child_units(Registry& r, const torch::nn::Module& module) {
   return out;
 }
 
-// The module's parameters that no inner unit owns, checked: sharded nowhere else, at least
-// 1-d, on the group's device type, floating, one dtype.
+// Whether `m` is `root` or inside it.
+bool module_within(const torch::nn::Module* m, const torch::nn::Module& root) {
+  for (const auto& sub : root.modules(/*include_self=*/true)) {
+    if (sub.get() == m) return true;
+  }
+  return false;
+}
+
+// The module's parameters that no inner unit owns, each tensor once (a tensor registered under
+// several names, a tied embedding and head, is one parameter, as in FSDP2), checked: sharded
+// nowhere else, not shared with an inner unit, at least 1-d, on the group's device type,
+// floating, one dtype.
 std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
                                                                    const torch::nn::Module& module,
                                                                    const ProcessGroup& pg,
                                                                    const ChildUnits& children) {
+  // Every (qualified name, registering module) of every tensor, to tell a tensor an inner unit
+  // owns alone from one it shares with a module outside that unit.
+  using Registration = std::pair<std::string, const torch::nn::Module*>;
+  std::unordered_map<const c10::TensorImpl*, std::vector<Registration>> registrations;
+  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      auto name = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      registrations[p.value().unsafeGetTensorImpl()].emplace_back(name, item.value().get());
+    }
+  }
   std::vector<std::pair<std::string, at::Tensor>> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // another name of one tensor
     auto owner = r.owned.find(p.unsafeGetTensorImpl());
     if (owner != r.owned.end()) {
       auto s = owner->second.lock();
-      if (s && children.all.count(s.get())) continue;  // a child's parameter
+      if (s && children.all.count(s.get())) {
+        auto inner = s->module();
+        for (const auto& [name, where] : registrations[p.unsafeGetTensorImpl()]) {
+          if (inner && !module_within(where, *inner)) {
+            throw InvalidArgument(fmt::format(
+                "fully_shard: parameter '{}' of {} is the same tensor as a parameter of the "
+                "inner fully_shard unit {}, which shards it alone; a tensor shared between two "
+                "units (a tied embedding and output head in different units) is not supported: "
+                "keep the modules that share it in one unit",
+                name, module.name(), inner->name()));
+          }
+        }
+        continue;  // a child's parameter
+      }
       if (s) {
+        auto other = s->module();
         throw InvalidArgument(fmt::format(
-            "fully_shard: parameter '{}' of {} already belongs to another fully_shard unit "
+            "fully_shard: parameter '{}' of {} already belongs to another fully_shard unit, {}, "
             "that is not inside this module; shard inner modules before the modules that "
             "contain them, and do not share parameters between units",
-            item.key(), module.name()));
+            item.key(), module.name(), other ? other->name() : "(destroyed)"));
       }
     }
     FSDP_CHECK_ARG(p.dim() >= 1,
@@ -168,6 +205,15 @@ MemoryStats memory_stats(const UnitState& state) { return state.memory_stats(); 
 CommStats comm_stats(const UnitState& state) { return state.comm_stats(); }
 
 }  // namespace detail
+
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.parameters(/*recurse=*/true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
 
 void throw_not_sharded(const char* what) {
   throw InvalidArgument(fmt::format("{}: fully_shard was not applied to this module", what));

@@ -23,6 +23,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
             FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params);
 
   bool module_is(const torch::nn::Module* m) const;
+  std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   bool has_parent() const { return has_parent_; }
   void adopt(const std::shared_ptr<UnitState>& child);
 

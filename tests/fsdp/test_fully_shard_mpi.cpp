@@ -45,6 +45,16 @@ TEST(FullyShardMpi, ReshardAfterForwardFalseMatches) {
   EXPECT_EQ(max_rel_param_error(a, b), 0.0);
 }
 
+TEST(FullyShardMpi, TiedEmbeddingsMatchSingleProcess) {
+  TrainSpec spec;
+  spec.model.outputs = 0;
+  spec.model.tie_embeddings = true;
+  spec.steps = 6;
+  auto want = train_reference(spec, world()->size());
+  auto got = train_sharded(spec, world());
+  expect_parity("mpi tied fp32", world()->size(), got, want, kTolerance);
+}
+
 TEST(FullyShardMpi, ClipGradNormMatchesLibtorchOnTheUnshardedModel) {
   for (double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     expect_clip_grad_matches_libtorch(world(), p);

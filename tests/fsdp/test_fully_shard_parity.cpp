@@ -2,6 +2,7 @@
 // parameters as a single process without FSDP.
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "train_harness.h"
 
 namespace fsdp::testing {
@@ -68,6 +69,54 @@ TEST(ReshardAfterForward, TrueAndFalseGiveTheSameResults) {
         EXPECT_EQ(max_rel_param_error(a, b), 0.0);
       },
       test_options());
+}
+
+// A tied embedding and output head (one tensor, two names) is one sharded parameter: uneven
+// rows (vocab 1001) at every world size, the same losses and parameters as one process.
+class TiedEmbeddings : public ::testing::TestWithParam<int> {};
+
+TEST_P(TiedEmbeddings, MatchSingleProcess) {
+  TrainSpec spec;
+  spec.model.outputs = 0;
+  spec.model.tie_embeddings = true;
+  spec.steps = 6;
+  auto want = train_reference(spec, /*slices=*/GetParam());
+  run_local_ranks(
+      GetParam(),
+      [&](const ProcessGroupPtr& pg) {
+        auto got = train_sharded(spec, pg);
+        if (pg->rank() == 0) expect_parity("tied fp32", pg->size(), got, want, kFp32Tolerance);
+      },
+      test_options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, TiedEmbeddings, ::testing::Values(1, 2, 3, 4));
+
+TEST(TiedEmbeddings, AreOneParameterOfTheUnit) {
+  TrainSpec spec;
+  spec.model.outputs = 0;
+  spec.model.tie_embeddings = true;
+  auto model = build_model(spec);
+  EXPECT_EQ(model->named_parameters().size(), unique_parameters(*model).size() + 1);
+  auto pg = make_local_groups(1).front();
+  auto root = shard_model(model, pg);
+  EXPECT_EQ(root.parameters().size(), unique_parameters(*model).size());
+  EXPECT_TRUE(root->embed->weight.is_same(root->tied_head->named_parameters()["weight"]));
+}
+
+TEST(TiedEmbeddings, SharedBetweenTwoUnitsIsRejectedNamingBoth) {
+  TrainSpec spec;
+  spec.model.outputs = 0;
+  spec.model.tie_embeddings = true;
+  auto model = build_model(spec);
+  auto pg = make_local_groups(1).front();
+  // The embedding as a unit of its own while the root's head reads the same tensor.
+  auto embed = model->embed;
+  fully_shard(embed, pg);
+  expect_error_containing<InvalidArgument>([&] { fully_shard(model, pg); },
+                                           "parameter 'head.weight'");
+  expect_error_containing<InvalidArgument>([&] { fully_shard(model, pg); },
+                                           "inner fully_shard unit");
 }
 
 TEST(FrozenParameters, StayUnchangedAndTheRestMatches) {

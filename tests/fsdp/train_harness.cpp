@@ -17,7 +17,7 @@ LocalGroupOptions test_options() {
 
 int64_t expected_shard_bytes(TinyLM& model, int world, int rank) {
   int64_t bytes = 0;
-  for (const auto& p : model->parameters()) {
+  for (const auto& p : unique_parameters(*model)) {
     auto r = shard_range(p.size(0), world, rank);
     bytes += r.rows() * (p.numel() / std::max<int64_t>(p.size(0), 1)) * 4;
   }
@@ -75,7 +75,7 @@ std::vector<std::pair<std::string, at::Tensor>> snapshot(torch::nn::Module& m) {
 TrainResult train_reference(const TrainSpec& spec, int slices) {
   TrainResult result;
   auto master = build_model(spec);
-  auto opt = make_optimizer(master->parameters(), spec);
+  auto opt = make_optimizer(unique_parameters(*master), spec);
   const bool mixed = spec.mp.param_dtype.has_value();
   TinyLM compute = mixed ? build_model(spec) : master;
   if (mixed) compute->to(*spec.mp.param_dtype);
@@ -87,8 +87,8 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
     opt.zero_grad();
     if (mixed) {
       torch::NoGradGuard no_grad;
-      auto src = master->parameters();
-      auto dst = compute->parameters();
+      auto src = unique_parameters(*master);
+      auto dst = unique_parameters(*compute);
       for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
     }
     // One process accumulating the slices' gradients: mathematically the global-batch
@@ -100,7 +100,7 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
                           targets.narrow(0, s * local, local), spec.model.output_size());
       loss.backward();
       loss_sum += loss.item<double>();
-      auto params = compute->parameters();
+      auto params = unique_parameters(*compute);
       for (size_t i = 0; i < params.size(); ++i) {
         at::Tensor g = params[i].grad().defined() ? params[i].grad().to(at::kFloat)
                                                   : at::zeros_like(params[i], at::kFloat);
@@ -111,7 +111,7 @@ TrainResult train_reference(const TrainSpec& spec, int slices) {
         params[i].mutable_grad() = at::Tensor();
       }
     }
-    auto params = master->parameters();
+    auto params = unique_parameters(*master);
     for (size_t i = 0; i < params.size(); ++i) {
       if (params[i].requires_grad()) params[i].mutable_grad() = grads[i].div_(slices);
     }
@@ -155,7 +155,7 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
 
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
   auto root = shard_model(model, pg, options);
-  auto opt = make_optimizer(root->parameters(), spec);
+  auto opt = make_optimizer(root.parameters(), spec);
 
   int world = pg->size();
   int64_t local = spec.batch / world;
