@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "comm/detail/reduce_util.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {
@@ -27,16 +28,15 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
   std::vector<at::Tensor> grads, norms;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
-    at::Tensor g = p.grad();
-    grads.push_back(g);
-    if (g.numel() == 0) continue;
-    if (g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf) g = g.to(at::kFloat);
+    grads.push_back(p.grad());
+    if (p.grad().numel() == 0) continue;
+    auto g = detail::accumulation_buffer(p.grad());  // float32 for 16-bit gradients
     norms.push_back((inf ? g.abs().max() : g.norm(norm_type)).to(at::kDouble).reshape({1}));
   }
   at::Tensor mine = at::zeros({1}, opts);
   if (!norms.empty()) {
     auto n = at::cat(norms);
-    mine = (inf ? n.max() : n.pow(norm_type).sum()).reshape({1}).to(device);
+    mine = (inf ? n.max() : n.pow(norm_type).sum()).reshape({1});
   }
 
   // One double per rank, combined in rank order: the same total, bit for bit, on every rank.
@@ -45,7 +45,10 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
   auto parts = all.cpu();
   const double* v = parts.data_ptr<double>();
   double total = 0;
-  for (int r = 0; r < pg->size(); ++r) total = inf ? std::max(total, v[r]) : total + v[r];
+  // std::max would drop a NaN (it compares false); a NaN gradient must make the norm NaN.
+  for (int r = 0; r < pg->size(); ++r) {
+    total = !inf ? total + v[r] : (std::isnan(v[r]) || v[r] > total ? v[r] : total);
+  }
   if (!inf) total = std::pow(total, 1.0 / norm_type);
 
   if (error_if_nonfinite && !std::isfinite(total)) {

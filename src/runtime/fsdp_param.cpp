@@ -5,13 +5,13 @@
 namespace fsdp::detail {
 
 FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype)
-    : param_(std::move(param)), rank_(rank) {
+    : param_(std::move(param)) {
   at::NoGradGuard no_grad;
   full_shape_ = param_.sizes().vec();
   row_numel_ = 1;
   for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
   for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
-  const ShardRange& mine = ranges_[rank_];
+  const ShardRange& mine = ranges_[rank];
   shard_ = param_.detach().narrow(0, mine.begin, mine.rows()).clone().contiguous();
   full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());

@@ -80,8 +80,7 @@ class FsdpParam {
   at::Tensor param_;  // the user's Parameter: its TensorImpl never changes
   std::vector<int64_t> full_shape_;
   int64_t row_numel_;
-  std::vector<ShardRange> ranges_;  // every rank's rows; ranges_[rank_] are this rank's
-  int rank_;
+  std::vector<ShardRange> ranges_;  // every rank's rows
   Accounting* acct_ = nullptr;
   at::Tensor shard_;  // [rows, ...] original dtype
   at::Tensor full_;   // full_shape_, compute dtype, storage bytes present only while gathered
