@@ -26,6 +26,10 @@
 //   reduce-scatter in reduce_dtype, averaged over ranks, lands in each parameter's grad() in
 //   its original dtype, adding to a gradient already there (accumulation). At the end of
 //   backward all reductions are waited for; units without gradients neither hang nor corrupt.
+// - Accumulation without communication: set_requires_gradient_sync(false) keeps gradients
+//   unsharded until a backward with sync on reduces them once.
+// - Activation checkpointing (FullyShardOptions::activation_checkpointing): the unit keeps
+//   only its inputs; backward gathers its parameters and recomputes it.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -34,10 +38,12 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "fsdp/comm_stats.h"
+#include "fsdp/detail/checkpoint_args.h"
 #include "fsdp/detail/unit_hooks.h"
 #include "fsdp/fully_shard_options.h"
 #include "fsdp/memory_stats.h"
@@ -90,13 +96,29 @@ class Unit {
 
   template <typename... Args>
   auto operator()(Args&&... args) {
+    using Out = decltype(holder_->forward(std::forward<Args>(args)...));
     auto state = detail::find_unit_state(holder_.get());
     if (!state) return holder_->forward(std::forward<Args>(args)...);
+    const bool checkpoint = detail::checkpoints_forward(*state);
+    if constexpr (!detail::TensorOutputs<Out>::value) {
+      if (checkpoint) throw_not_checkpointable(typeid(Out).name());
+    }
     detail::pre_forward(*state);
-    auto out = holder_->forward(detail::cast_arg(*state, std::forward<Args>(args))...);
+    Out out = checkpoint ? checkpointed_forward<Out>(*state, std::forward<Args>(args)...)
+                         : holder_->forward(detail::cast_arg(*state, std::forward<Args>(args))...);
     detail::visit_outputs(*state, out);
     detail::post_forward(*state);
     return out;
+  }
+
+  // FSDP2's set_requires_gradient_sync. Off: the backwards that follow keep their gradients
+  // unsharded on every rank (full size, in the reduce dtype) instead of reduce-scattering
+  // them; the first backward with sync on again reduces everything accumulated, once. For
+  // gradient accumulation: off for all micro-batches but the last. `recurse` applies it to
+  // every unit inside as well. Throws InvalidArgument, changing nothing, while a backward of
+  // this unit's tree is running.
+  void set_requires_gradient_sync(bool sync, bool recurse = true) {
+    detail::set_requires_gradient_sync(*required_state(), sync, recurse);
   }
 
   // Gathers this unit's full parameters now (blocking), as FSDP2's FSDPModule.unshard(); they
@@ -110,6 +132,28 @@ class Unit {
 
  private:
   std::shared_ptr<detail::UnitState> required_state() const;
+
+  // The forward through detail::run_checkpointed: tensor arguments become the recompute's
+  // inputs, others are kept by value for it.
+  template <typename Out, typename... Args>
+  Out checkpointed_forward(detail::UnitState& state, Args&&... args) {
+    if constexpr (detail::TensorOutputs<Out>::value) {
+      using Stored = std::tuple<std::decay_t<Args>...>;
+      auto stored = std::make_shared<Stored>(detail::cast_arg(state, std::forward<Args>(args))...);
+      std::vector<at::Tensor> inputs;
+      detail::take_tensors(*stored, inputs);
+      auto forward = [impl = holder_.ptr(), stored](const std::vector<at::Tensor>& tensors) {
+        Stored call = *stored;
+        detail::put_tensors(call, tensors);
+        return detail::flatten_outputs(
+            std::apply([&](auto&... a) { return impl->forward(a...); }, call));
+      };
+      return detail::unflatten_outputs<Out>(detail::run_checkpointed(state, inputs, forward));
+    } else {
+      throw_not_checkpointable(typeid(Out).name());
+    }
+  }
+
   Holder holder_{nullptr};
 };
 

@@ -80,14 +80,33 @@ void FsdpParam::use_shard() {
   release_full();
 }
 
+void FsdpParam::stash_full_grad(at::ScalarType dtype) {
+  at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
+  if (!grad.defined()) return;
+  at::NoGradGuard no_grad;
+  param_.mutable_grad() = at::Tensor();
+  if (unsharded_grad_.defined()) {
+    unsharded_grad_.add_(grad);
+  } else {
+    // Same dtype: keep autograd's tensor as it is (no copy); else a converted copy.
+    unsharded_grad_ = grad.to(dtype);
+  }
+}
+
 bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
   at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
   at::NoGradGuard no_grad;
+  if (grad.defined()) param_.mutable_grad() = at::Tensor();
+  if (unsharded_grad_.defined()) {
+    // Sync is back on: this backward's gradient joins the ones kept since the last reduction.
+    if (grad.defined()) unsharded_grad_.add_(grad);
+    grad = std::move(unsharded_grad_);
+    unsharded_grad_ = at::Tensor();
+  }
   if (!grad.defined()) {
     dst.zero_();  // contributes nothing to the reduction
     return false;
   }
-  param_.mutable_grad() = at::Tensor();
   auto grad_rows = grad.reshape({full_shape_[0], row_numel_});
   const int64_t padded = padded_numel();
   for (size_t r = 0; r < ranges_.size(); ++r) {

@@ -55,10 +55,17 @@ class FsdpParam {
   void use_full();
   void use_shard();
 
-  // Moves autograd's full gradient out of grad() and writes its rows into a
-  // [world, padded_numel()] view in the reduce dtype, zeroing padding. Without a gradient it
-  // zeroes the whole view and returns false.
+  // Moves autograd's full gradient out of grad() and adds it to the unsharded gradient kept
+  // across backwards while gradient sync is off (created in `dtype`, the reduce dtype, so
+  // 16-bit gradients accumulate in 32 bits when the reduction does). No gradient: a no-op.
+  void stash_full_grad(at::ScalarType dtype);
+  // Moves autograd's full gradient out of grad(), adds the stashed unsharded gradient if any,
+  // and writes the rows into a [world, padded_numel()] view in the reduce dtype, zeroing
+  // padding. Without either gradient it zeroes the whole view and returns false.
   bool take_full_grad_into(const at::Tensor& dst);
+  int64_t unsharded_grad_bytes() const {
+    return unsharded_grad_.defined() ? static_cast<int64_t>(unsharded_grad_.nbytes()) : 0;
+  }
   // Adds this rank's reduced rows (padded_numel() elements, any dtype) to the sharded grad.
   void accumulate_shard_grad(const at::Tensor& reduced);
   int64_t sharded_grad_bytes() const;
@@ -88,6 +95,8 @@ class FsdpParam {
   bool full_allocated_ = false;
   bool holds_full_ = false;
   at::Tensor grad_stash_;
+  // Full-shaped gradient summed over backwards that ran without gradient sync.
+  at::Tensor unsharded_grad_;
   std::weak_ptr<torch::autograd::Node> hooked_;
   std::shared_ptr<torch::autograd::Node> hooked_strong_;
 };

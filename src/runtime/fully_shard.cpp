@@ -202,6 +202,10 @@ void post_forward(UnitState& state) { state.post_forward(); }
 void unshard(UnitState& state) { state.unshard(); }
 void reshard(UnitState& state) { state.reshard(); }
 MemoryStats memory_stats(const UnitState& state) { return state.memory_stats(); }
+void set_requires_gradient_sync(UnitState& state, bool sync, bool recurse) {
+  state.set_requires_gradient_sync(sync, recurse);
+}
+bool checkpoints_forward(const UnitState& state) { return state.checkpoints_forward(); }
 CommStats comm_stats(const UnitState& state) { return state.comm_stats(); }
 
 }  // namespace detail
@@ -213,6 +217,13 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
     if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
   }
   return out;
+}
+
+void throw_not_checkpointable(const char* output_type) {
+  throw InvalidArgument(fmt::format(
+      "fsdp: activation_checkpointing needs the unit's forward to return a Tensor, a "
+      "std::vector<Tensor> or a std::tuple of Tensors; this one returns {}",
+      c10::demangle(output_type)));
 }
 
 void throw_not_sharded(const char* what) {

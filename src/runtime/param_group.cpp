@@ -114,10 +114,18 @@ size_t ParamGroup::arm_grad_hooks(const std::function<void(size_t)>& on_grad) {
   return expected;
 }
 
-bool ParamGroup::post_backward() {
+bool ParamGroup::post_backward(bool reduce) {
+  // One rank in its own dtype: autograd already accumulates into the (unsharded) shard.
   if (reduce_layout_.total == 0 || passthrough_) return false;
   // Never gathered for backward (output unused, eval): there are no full gradients.
   if (state_ != State::kFull) return false;
+  if (!reduce) {
+    for (auto& p : params_) {
+      if (p.requires_grad()) p.stash_full_grad(reduce_dtype_);
+    }
+    reshard();
+    return false;
+  }
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
   // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.

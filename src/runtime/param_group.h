@@ -40,11 +40,13 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // on_grad(index) runs after each accumulation. Returns how many parameters take a gradient
   // (0 when nothing is communicated: world size 1 without dtype changes).
   size_t arm_grad_hooks(const std::function<void(size_t)>& on_grad);
-  // Copies the full gradients into a buffer, frees them, reshards, issues the reduce-scatter.
-  // A no-op when the parameters were never gathered for backward or no parameter got a
-  // gradient. Returns whether a reduce-scatter is now in flight. The caller runs it at most
-  // once per backward.
-  bool post_backward();
+  // With `reduce`: copies the full gradients (plus those kept from backwards without sync)
+  // into a buffer, frees them, reshards, issues the reduce-scatter. Without: keeps the full
+  // gradients unsharded for a later reducing backward (FSDP2's set_requires_gradient_sync(False))
+  // and reshards. A no-op when the parameters were never gathered for backward or no parameter
+  // got a gradient. Returns whether a reduce-scatter is now in flight. The caller runs it at
+  // most once per backward.
+  bool post_backward(bool reduce);
   // Waits for the reduce-scatter in flight (if any), adds each rank's rows into the sharded
   // grads and frees the buffers.
   void finish_reduce();

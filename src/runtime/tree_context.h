@@ -27,8 +27,11 @@ struct TreeContext {
   std::vector<UnitState*> post_forward_order;
   // Param groups whose reduce-scatter is in flight, oldest first.
   std::deque<ParamGroup*> reductions_in_flight;
-  // Whether the end-of-backward callback is queued on the autograd engine for this backward.
+  // Whether the end-of-backward callback is queued on the autograd engine for this backward:
+  // a backward of the tree is running.
   bool final_callback_queued = false;
+  // Checkpointed forwards being recomputed (nested checkpoints recompute inside each other).
+  int recompute_depth = 0;
   // Byte and time counters (MemoryStats) and the buffer pool of the tree's collectives.
   Accounting acct;
 };

@@ -1,6 +1,8 @@
 #include "runtime/unit_state.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
@@ -55,7 +57,21 @@ void UnitState::lazy_init() {
   }
   ctx_->units = tree;
   for (UnitState* s : tree) s->use_context(ctx_);
+  // Names for messages: each unit's module path in the root.
+  if (auto root = module()) {
+    for (const auto& item : root->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+      for (UnitState* s : tree) {
+        if (s->module_is(item.value().get())) s->name_ = item.key().empty() ? "(root)" : item.key();
+      }
+    }
+  }
   initialised_ = true;
+}
+
+std::string UnitState::describe() const {
+  auto m = module();
+  const std::string cls = m ? m->name() : "destroyed module";
+  return name_.empty() ? fmt::format("unit {}", cls) : fmt::format("unit '{}' ({})", name_, cls);
 }
 
 bool UnitState::reshard_after_forward() const {
@@ -63,6 +79,13 @@ bool UnitState::reshard_after_forward() const {
 }
 
 void UnitState::pre_forward() {
+  if (ctx_->recompute_depth > 0) {
+    // Inside a checkpointed unit's recompute: gather for the backward that follows; the
+    // forward order (prefetch) belongs to the real forward.
+    group_->wait_unshard();
+    if (at::GradMode::is_enabled()) arm_grad_hooks();
+    return;
+  }
   if (is_root()) {
     if (!initialised_) lazy_init();
     ctx_->last_forward_order = std::move(ctx_->forward_order);
@@ -76,12 +99,7 @@ void UnitState::pre_forward() {
   TreeContext& ctx = *ctx_;
   ctx.forward_order.push_back(this);
   group_->wait_unshard();
-  if (at::GradMode::is_enabled()) {
-    auto self = weak_from_this();
-    grads_expected_ = group_->arm_grad_hooks([self](size_t i) {
-      if (auto s = self.lock()) s->on_param_grad(i);
-    });
-  }
+  if (at::GradMode::is_enabled()) arm_grad_hooks();
   // Forward prefetch: the unit that ran next in the previous step starts gathering now, so
   // its all-gather overlaps this unit's compute.
   size_t pos = ctx.forward_order.size();
@@ -89,6 +107,13 @@ void UnitState::pre_forward() {
     UnitState* next = ctx.last_forward_order[pos];
     if (next != this) next->group_->unshard_async();
   }
+}
+
+void UnitState::arm_grad_hooks() {
+  auto self = weak_from_this();
+  grads_expected_ = group_->arm_grad_hooks([self](size_t i) {
+    if (auto s = self.lock()) s->on_param_grad(i);
+  });
 }
 
 at::Tensor UnitState::cast_forward_input(const at::Tensor& input) {
@@ -117,7 +142,7 @@ void UnitState::on_input_grad() {
 void UnitState::run_post_backward() {
   if (backward_.post_backward_done) return;
   backward_.post_backward_done = true;
-  if (group_->post_backward()) track_reduction(group_.get());
+  if (group_->post_backward(requires_gradient_sync_)) track_reduction(group_.get());
 }
 
 namespace {
@@ -149,6 +174,9 @@ void UnitState::post_forward_output(at::Tensor& output) {
 }
 
 void UnitState::post_forward() {
+  // In a recompute the backward follows at once: keep the parameters, leave the order alone.
+  if (ctx_->recompute_depth > 0) return;
+  if (is_root() && at::GradMode::is_enabled()) check_checkpointed_units_ran();
   auto& order = ctx_->post_forward_order;
   post_forward_index_ = static_cast<int>(order.size());
   order.push_back(this);
@@ -209,6 +237,57 @@ void UnitState::final_callback() {
   ctx.final_callback_queued = false;
 }
 
+void UnitState::check_checkpointed_units_ran() const {
+  const auto& ran = ctx_->forward_order;
+  for (const UnitState* u : ctx_->units) {
+    if (!u->options_.activation_checkpointing ||
+        std::find(ran.begin(), ran.end(), u) != ran.end()) {
+      continue;
+    }
+    for (const auto& p : u->group_->params()) {
+      // An accumulator alive but not ours: some live graph uses the parameter directly.
+      auto node = torch::autograd::impl::try_get_grad_accumulator(p.param());
+      if (node && !p.hooked(node)) {
+        throw InvalidArgument(fmt::format(
+            "fsdp: {} has activation_checkpointing on, but its module ran in this forward "
+            "without its fsdp::Unit (its parameters are in the graph, the unit never ran): "
+            "call the unit, unit(x), not the module, unit->forward(x) or a ModuleHolder; "
+            "otherwise its parameters are not gathered and its activations not checkpointed",
+            u->describe()));
+      }
+    }
+  }
+}
+
+void UnitState::set_requires_gradient_sync(bool sync, bool recurse) {
+  std::vector<UnitState*> units = recurse ? collect_tree() : std::vector<UnitState*>{this};
+  // Checked for all before any changes: a half-applied switch would desynchronise ranks.
+  // A backward is running when the tree queued its end-of-backward callback, or when this
+  // thread is inside any autograd graph task (a hook that runs before the tree's first one).
+  const bool in_graph_task = torch::autograd::get_current_graph_task_id() != -1;
+  for (UnitState* u : units) {
+    if (in_graph_task || u->ctx_->final_callback_queued) {
+      throw InvalidArgument(fmt::format(
+          "fsdp: set_requires_gradient_sync({}) on {} while a backward of its tree is running "
+          "(called from a hook?); call it before the forward of the micro-batch it applies to",
+          sync, u->describe()));
+    }
+  }
+  for (UnitState* u : units) u->requires_gradient_sync_ = sync;
+}
+
+bool UnitState::checkpoints_forward() const {
+  return options_.activation_checkpointing && at::GradMode::is_enabled();
+}
+
+void UnitState::begin_recompute() {
+  group_->wait_unshard();
+  arm_grad_hooks();
+  ++ctx_->recompute_depth;
+}
+
+void UnitState::end_recompute() { --ctx_->recompute_depth; }
+
 void UnitState::unshard() { group_->wait_unshard(); }
 
 void UnitState::reshard() { group_->reshard(); }
@@ -220,6 +299,7 @@ MemoryStats UnitState::memory_stats() const {
     for (const auto& p : todo[i]->group_->params()) {
       m.sharded_param_bytes += p.shard_bytes();
       m.sharded_grad_bytes += p.sharded_grad_bytes();
+      m.unsharded_grad_bytes += p.unsharded_grad_bytes();
     }
     for (auto& c : todo[i]->children_) todo.push_back(c.get());
   }

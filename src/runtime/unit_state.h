@@ -38,6 +38,16 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void on_param_grad(size_t index);
   void unshard();
   void reshard();
+  // Off: post-backward keeps full gradients instead of reducing them (ParamGroup).
+  void set_requires_gradient_sync(bool sync, bool recurse);
+  bool checkpoints_forward() const;
+  // Around the recompute of this unit's checkpointed forward: gathers the parameters and arms
+  // the gradient hooks on them; units called meanwhile skip forward bookkeeping.
+  void begin_recompute();
+  void end_recompute();
+  // "unit 'layers.3' (TransformerBlockImpl)": the module's name in the root, known after the
+  // root's first forward, and its class.
+  std::string describe() const;
   MemoryStats memory_stats() const;
   CommStats comm_stats() const { return CommStats{ctx_->acct.exposed_comm_seconds}; }
 
@@ -70,12 +80,19 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // children_ owns the others, and a strong self-reference would keep the tree alive forever.
   std::vector<UnitState*> collect_tree();
   void use_context(std::shared_ptr<TreeContext> ctx);
+  // Hooks autograd's accumulators of the gathered parameters to on_param_grad.
+  void arm_grad_hooks();
+  // Root, end of forward: a checkpointed unit whose module ran outside its fsdp::Unit (its
+  // parameters are in this forward's graph, but the unit did not run) is an error.
+  void check_checkpointed_units_ran() const;
 
   std::weak_ptr<torch::nn::Module> module_;
   FullyShardOptions options_;
   std::shared_ptr<ParamGroup> group_;
   // The tree's shared state: this unit's own until the root's lazy init hands it the root's.
   std::shared_ptr<TreeContext> ctx_;
+  std::string name_;  // qualified name in the root's tree, set by the root's lazy init
+  bool requires_gradient_sync_ = true;
   bool has_parent_ = false;
   bool initialised_ = false;  // root: lazy init done
   std::vector<std::shared_ptr<UnitState>> children_;

@@ -128,6 +128,14 @@ Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
   return fully_shard(model, pg, options);
 }
 
+Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg, const TrainSpec& spec) {
+  FullyShardOptions options{spec.mp, spec.reshard_after_forward};
+  options.activation_checkpointing = spec.checkpoint_blocks;
+  for (auto& layer : model->layers) fully_shard(layer, pg, options);
+  options.activation_checkpointing = spec.checkpoint_root;
+  return fully_shard(model, pg, options);
+}
+
 at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0) {
   int world = pg->size();
   auto range = shard_range(full_dim0, world, pg->rank());
@@ -153,12 +161,12 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   std::vector<int64_t> dim0;
   for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
 
-  FullyShardOptions options{spec.mp, spec.reshard_after_forward};
-  auto root = shard_model(model, pg, options);
+  auto root = shard_model(model, pg, spec);
   auto opt = make_optimizer(root.parameters(), spec);
 
   int world = pg->size();
   int64_t local = spec.batch / world;
+  const int64_t micro = local / spec.micro_batches;
   for (int step = 0; step < spec.steps; ++step) {
     auto [cpu_tokens, cpu_targets] = global_batch(spec, step);
     auto tokens = cpu_tokens.to(spec.device);
@@ -166,10 +174,18 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
     auto my_tokens = tokens.narrow(0, pg->rank() * local, local);
     auto my_targets = targets.narrow(0, pg->rank() * local, local);
     opt.zero_grad();
-    auto loss = loss_of(root(my_tokens), my_targets, spec.model.output_size());
-    loss.backward();
+    at::Tensor loss_sum = at::zeros({}, at::kFloat);
+    for (int k = 0; k < spec.micro_batches; ++k) {
+      const bool last = k + 1 == spec.micro_batches;
+      root.set_requires_gradient_sync(last || spec.sync_every_micro_batch);
+      auto loss = loss_of(root(my_tokens.narrow(0, k * micro, micro)),
+                          my_targets.narrow(0, k * micro, micro), spec.model.output_size()) /
+                  spec.micro_batches;
+      loss.backward();
+      loss_sum += loss.detach().to(at::kCPU).to(at::kFloat);
+    }
     opt.step();
-    auto global = loss.detach().to(at::kFloat).reshape({1}).clone();
+    auto global = loss_sum.to(spec.device).reshape({1}).clone();
     pg->all_reduce(global, ReduceOp::kAvg)->wait();
     result.losses.push_back(global.item<double>());
   }

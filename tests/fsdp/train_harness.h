@@ -37,6 +37,14 @@ struct TrainSpec {
   uint64_t seed = 1234;
   MixedPrecisionPolicy mp;
   std::optional<bool> reshard_after_forward;
+  // Micro-batches per step on each rank (gradient accumulation); the rank's slice splits
+  // evenly. Gradient sync is off for all but the last, unless sync_every_micro_batch.
+  int micro_batches = 1;
+  bool sync_every_micro_batch = false;
+  // Activation checkpointing of the blocks, and of the root (which then recomputes the
+  // checkpointed blocks inside its own recompute).
+  bool checkpoint_blocks = false;
+  bool checkpoint_root = false;
   // Applied to the freshly built model, before sharding (e.g. freezing parameters).
   std::function<void(TinyLM&)> edit_model;
   // Where the model trains: parameters are initialised on the CPU (the same values on every
@@ -51,6 +59,14 @@ struct TrainResult {
 
 // The same initial parameters on every thread and process for a given seed.
 TinyLM build_model(const TrainSpec& spec);
+
+// Runs that change the order of float additions (accumulation) cannot match bit for bit. The
+// attention's key bias has a gradient that is zero up to rounding (softmax ignores a shift of
+// every score), and AdamW normalises that rounding noise into lr-sized steps of either sign;
+// freezing the packed in-projection bias keeps such comparisons about what they test.
+inline void freeze_attention_bias(TinyLM& model) {
+  for (auto& layer : model->layers) layer->attn->in_proj_bias.set_requires_grad(false);
+}
 
 // Rows [rank * per_rank, (rank + 1) * per_rank) of a global batch: this rank's slice.
 inline at::Tensor rank_slice(const at::Tensor& batch, const ProcessGroupPtr& pg, int64_t per_rank) {
@@ -69,6 +85,8 @@ std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step);
 // Shards every block of `model`, then the root, as a training program does.
 Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
                          const FullyShardOptions& options = {});
+// The same with spec's options (mixed precision, resharding, checkpointing).
+Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg, const TrainSpec& spec);
 
 // Single process, no FSDP: each step runs forward/backward on `slices` equal slices of the
 // global batch and steps AdamW on the average of their gradients, the order of operations
@@ -77,8 +95,9 @@ Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
 // param_dtype runs forward and backward, gradients are averaged in fp32.
 TrainResult train_reference(const TrainSpec& spec, int slices);
 
-// This rank's part of a sharded run over `pg` (every rank must call it). Also returns the
-// units' collective counters through `on_step` when given.
+// This rank's part of a sharded run over `pg` (every rank must call it): each step, the
+// rank's slice of the global batch in spec.micro_batches micro-batches, losses scaled by 1 /
+// micro_batches.
 TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg);
 
 // max |a - b| / max(|b|, 1e-12) over all elements of matching parameters, and of losses.

@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "fsdp/comm_stats.h"
 #include "fsdp/fully_shard_options.h"
@@ -29,10 +31,23 @@ void unshard(UnitState& state);
 void reshard(UnitState& state);
 MemoryStats memory_stats(const UnitState& state);
 CommStats comm_stats(const UnitState& state);
+void set_requires_gradient_sync(UnitState& state, bool sync, bool recurse);
+// Whether the next forward of the unit runs checkpointed (the option is on and grad mode too).
+bool checkpoints_forward(const UnitState& state);
+
+// The module's forward on these tensor arguments (in order), its outputs as a list.
+using ForwardFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+// Runs `forward` checkpointed for `state`'s unit (src/runtime/checkpoint.cpp); the outputs
+// carry the recompute as their gradient function.
+std::vector<at::Tensor> run_checkpointed(UnitState& state, const std::vector<at::Tensor>& inputs,
+                                         ForwardFn forward);
 
 }  // namespace detail
 
 // Throws InvalidArgument: `what` was called on a module fully_shard was not applied to.
 [[noreturn]] void throw_not_sharded(const char* what);
+// Throws InvalidArgument: a unit with activation checkpointing whose forward returns
+// `output_type`, which is not a Tensor, a vector of Tensors or a tuple of Tensors.
+[[noreturn]] void throw_not_checkpointable(const char* output_type);
 
 }  // namespace fsdp
