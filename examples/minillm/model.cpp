@@ -58,13 +58,14 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   return y + ffn->forward(norm2(y));
 }
 
-MiniLLMImpl::MiniLLMImpl(const Config& c) {
+MiniLLMImpl::MiniLLMImpl(const Config& c, const BlockBuilt& on_block_built) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   auto blocks = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
     TransformerBlock block(c.dim, c.heads);
     blocks->push_back(block);
     layers.push_back(block);
+    if (on_block_built) on_block_built(i, layers.back());
   }
   if (c.tie_embeddings) {
     TORCH_CHECK(c.outputs == 0, "MiniLLM: tie_embeddings needs the head to have vocab rows");
@@ -86,6 +87,15 @@ double train_flops_per_token(const Config& c, int64_t seq) {
   double block = 4.0 * c.dim * c.dim + 8.0 * c.dim * c.dim;
   double matmul_params = c.layers * block + static_cast<double>(c.vocab) * c.dim;
   return 6.0 * matmul_params + 12.0 * c.layers * c.dim * seq;
+}
+
+int64_t parameter_count(const Config& c) {
+  const int64_t block = 2 * c.dim                       // norm1, norm2
+                        + 3 * c.dim * c.dim + 3 * c.dim  // in_proj weight and bias
+                        + c.dim * c.dim + c.dim          // out_proj
+                        + 2 * 4 * c.dim * c.dim;         // ffn
+  const int64_t head = c.tie_embeddings ? 0 : c.dim * c.output_size();
+  return c.vocab * c.dim + c.layers * block + head;
 }
 
 }  // namespace minillm

@@ -14,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <vector>
 
 #include "fsdp/fully_shard.h"
@@ -78,7 +79,13 @@ TORCH_MODULE(TransformerBlock);
 
 class MiniLLMImpl : public torch::nn::Module {
  public:
-  explicit MiniLLMImpl(const Config& config);
+  // Runs right after block `index` is built, before the next module is: fully_shard it there
+  // and a rank never holds more than one full block (start-up without the full model). The
+  // random numbers are drawn in the same order either way, so the initial values equal the
+  // unsharded model's of the same seed.
+  using BlockBuilt = std::function<void(int64_t index, fsdp::Unit<TransformerBlock>& block)>;
+
+  explicit MiniLLMImpl(const Config& config, const BlockBuilt& on_block_built = nullptr);
   // tokens: [batch, seq] int64 -> logits [batch, seq, output_size()].
   torch::Tensor forward(const torch::Tensor& tokens);
 
@@ -94,5 +101,8 @@ TORCH_MODULE(MiniLLM);
 // Model FLOPs per trained token, the reference's formula: 6 x matmul parameters plus attention
 // scores (PaLM appendix B).
 double train_flops_per_token(const Config& config, int64_t seq);
+
+// Parameters of the model (each tensor once: a tied head adds none), without building it.
+int64_t parameter_count(const Config& config);
 
 }  // namespace minillm

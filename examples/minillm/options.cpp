@@ -47,6 +47,15 @@ std::string check(const Options& o, int world_size) {
         "{} does not divide by {} (use a multiple of {})",
         world_size, o.batch, world_size, world_size);
   }
+  if (o.grad_accum < 1) {
+    return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
+  }
+  if ((o.batch / world_size) % o.grad_accum != 0) {
+    return fmt::format(
+        "--grad-accum {} must divide the {} sequences each rank trains on per step (--batch {} "
+        "over {} ranks)",
+        o.grad_accum, o.batch / world_size, o.batch, world_size);
+  }
   if (!(o.lr > 0)) return fmt::format("--lr must be positive, got {}", o.lr);
   if (!(o.clip_grad_norm >= 0) || std::isinf(o.clip_grad_norm)) {
     return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
@@ -116,6 +125,20 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
                  "optimizer step; 0: no clipping")
       ->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum,
+                 "Micro-batches per step: each rank's batch is split into this many, their "
+                 "gradients accumulate unsharded (no communication) and are reduced once")
+      ->capture_default_str();
+  app.add_flag("--grad-accum-sync", o.grad_accum_sync,
+               "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
+               "no full gradients kept; more communication)");
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "Keep only each block's input after forward and recompute its activations in "
+               "backward (less memory, about one more forward of compute)");
+  app.add_flag("--init-full-model", o.init_full_model,
+               "Build the whole model on every rank, then shard it (the default shards each "
+               "block as it is built: same values, a fraction of the memory; --init-from "
+               "implies this)");
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "

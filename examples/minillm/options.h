@@ -23,9 +23,12 @@ struct Options {
   std::string init_from;  // safetensors file with the initial weights (PyTorch's names)
   int threads = 0;        // intra-op threads per rank; 0: cores / local ranks
   bool reshard_after_forward = true;
-  std::string optimizer = "fused-adamw";
-  double clip_grad_norm = 0;  // > 0: clip gradients to this global 2-norm before each step  //
-                              // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
+  std::string optimizer = "fused-adamw";  // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
+  double clip_grad_norm = 0;  // > 0: clip gradients to this global 2-norm before each step
+  int grad_accum = 1;         // micro-batches per step, the rank's batch split evenly
+  bool grad_accum_sync = false;  // reduce-scatter after every micro-batch instead of once
+  bool activation_checkpointing = false;  // recompute each block's activations in backward
+  bool init_full_model = false;  // build the whole model, then shard (implied by --init-from)
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

@@ -34,7 +34,9 @@ Reporter::Reporter(const Options& options, const fsdp::Distributed& dist)
   }
 }
 
-void Reporter::header(int64_t n_params, int64_t shard_bytes, const std::string& data) {
+void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_peak_bytes,
+                      const std::string& data) {
+  const int64_t startup_peak = max_over_ranks(*dist_.group, startup_peak_bytes, dist_.device);
   if (!lead_) return;
   const int world = dist_.group->size();
   fmt::print("MiniLLM | world {} | backend {} | device {} | dtype {}\n", world,
@@ -47,8 +49,16 @@ void Reporter::header(int64_t n_params, int64_t shard_bytes, const std::string& 
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
       "(ZeRO-3: 16 bytes/param / {})\n",
       mib(shard_bytes), mib(3 * shard_bytes), world);
-  fmt::print("data: {} | global batch {} sequences ({} per rank) | {} steps\n", data, o_.batch,
-             o_.batch / world, o_.steps);
+  fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",
+             o_.init_full_model || !o_.init_from.empty() ? "whole model, then sharded"
+                                                         : "each block sharded as it is built",
+             mib(startup_peak));
+  fmt::print("data: {} | global batch {} sequences ({} per rank{}) | {} steps{}\n", data, o_.batch,
+             o_.batch / world,
+             o_.grad_accum > 1 ? fmt::format(" in {} micro-batches{}", o_.grad_accum,
+                                             o_.grad_accum_sync ? ", reduced each" : "")
+                               : "",
+             o_.steps, o_.activation_checkpointing ? " | activation checkpointing" : "");
 }
 
 void Reporter::start_step(const fsdp::CommStats& comm) {

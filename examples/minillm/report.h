@@ -21,7 +21,10 @@ class Reporter {
   // Rank 0 prints; it also opens --metrics-out (InvalidArgument if it cannot).
   Reporter(const Options& options, const fsdp::Distributed& dist);
 
-  void header(int64_t n_params, int64_t shard_bytes, const std::string& data);
+  // startup_peak_bytes: this rank's peak RSS once the model is built and sharded (collective:
+  // every rank calls header).
+  void header(int64_t n_params, int64_t shard_bytes, int64_t startup_peak_bytes,
+              const std::string& data);
   // Around the timed part of a step: synchronises the GPU so the clock measures its work.
   void start_step(const fsdp::CommStats& comm);
   // grad_norm: the global gradient norm before clipping (0 when not clipping).

@@ -37,29 +37,41 @@ int threads_for(const Options& o) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
 }
 
-// The parameters a single process would have (the seed, or --init-from), on the device.
-minillm::MiniLLM build_model(const Options& o, const c10::Device& device) {
-  torch::manual_seed(o.seed);
-  minillm::MiniLLM model(o.model);
-  if (!o.init_from.empty()) fsdp::load_safetensors_into(*model, o.init_from);
-  model->to(device);
-  return model;
-}
-
-// Every block a unit, then the root; each rank keeps only its shards.
-fsdp::Unit<minillm::MiniLLM> shard(minillm::MiniLLM& model, const Options& o,
-                                   const fsdp::ProcessGroupPtr& pg) {
+fsdp::FullyShardOptions root_options(const Options& o) {
   fsdp::FullyShardOptions opts;
   if (o.dtype == "bf16") {
     opts.mp_policy.param_dtype = torch::kBFloat16;
     opts.mp_policy.reduce_dtype = torch::kFloat;
   }
-  for (auto& layer : model->layers) {
-    auto block_opts = opts;
-    block_opts.reshard_after_forward = o.reshard_after_forward;
-    fsdp::fully_shard(layer, pg, block_opts);
+  return opts;
+}
+
+// Builds the model with the values a single process gets from --seed (or --init-from) and
+// shards it: every block a unit, then the root. By default each block is sharded as soon as it
+// is built, so a rank never holds more than its shards, one full block and the root's own
+// parameters (embedding, head); the random numbers are drawn in the same order as for the
+// whole model, so the values are the same. --init-from reads the whole file, so it builds the
+// whole model first, as --init-full-model does.
+fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist) {
+  auto block_options = root_options(o);
+  block_options.reshard_after_forward = o.reshard_after_forward;
+  block_options.activation_checkpointing = o.activation_checkpointing;
+  auto shard_block = [&](int64_t, fsdp::Unit<minillm::TransformerBlock>& block) {
+    block->to(dist.device);
+    fsdp::fully_shard(block, dist.group, block_options);
+  };
+  const bool whole = o.init_full_model || !o.init_from.empty();
+  minillm::MiniLLMImpl::BlockBuilt on_built;
+  if (!whole) on_built = shard_block;
+  torch::manual_seed(o.seed);
+  minillm::MiniLLM model(o.model, on_built);
+  if (!o.init_from.empty()) fsdp::load_safetensors_into(*model, o.init_from);
+  if (whole) {
+    model->to(dist.device);
+    for (size_t i = 0; i < model->layers.size(); ++i) shard_block(i, model->layers[i]);
   }
-  return fsdp::fully_shard(model, pg, opts);
+  model->to(dist.device);  // the root's own parameters
+  return fsdp::fully_shard(model, dist.group, root_options(o));
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
@@ -74,30 +86,39 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   auto dist = fsdp::init_from_launch(launch);
   const int rank = dist.group->rank();
   const int64_t local_batch = o.batch / dist.group->size();
-  auto model = build_model(o, dist.device);
-  int64_t n_params = 0;
-  for (const auto& p : fsdp::unique_parameters(*model)) n_params += p.numel();
-  auto root = shard(model, o, dist.group);
+  auto root = build_sharded_model(o, dist);
+  const int64_t startup_peak = fsdp::host_peak_rss_bytes();
   auto opt = make_optimizer(o, root.parameters());
   auto data = open_data(o);
   minillm::Reporter report(o, dist);
-  report.header(n_params, root.memory_stats().sharded_param_bytes, data->describe());
+  report.header(minillm::parameter_count(o.model), root.memory_stats().sharded_param_bytes,
+                startup_peak, data->describe());
 
+  const int64_t micro = local_batch / o.grad_accum;
   for (int step = 0; step < o.steps; ++step) {
     auto batch = data->slice(step, rank * local_batch, local_batch);
     auto tokens = batch.tokens.to(dist.device), targets = batch.targets.to(dist.device);
     report.start_step(root.comm_stats());
     opt->zero_grad();
-    auto logits = root(tokens);
-    auto loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, o.model.vocab}).to(torch::kFloat), targets.reshape(-1));
-    loss.backward();
+    // Micro-batches: gradients accumulate unsharded and are reduced with the last one (or
+    // after each with --grad-accum-sync); each loss is scaled so the sum is the batch mean.
+    auto loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(dist.device));
+    for (int k = 0; k < o.grad_accum; ++k) {
+      root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
+      auto logits = root(tokens.narrow(0, k * micro, micro));
+      auto loss = torch::nn::functional::cross_entropy(
+                      logits.reshape({-1, o.model.vocab}).to(torch::kFloat),
+                      targets.narrow(0, k * micro, micro).reshape(-1)) /
+                  o.grad_accum;
+      loss.backward();
+      loss_sum += loss.detach();
+    }
     double grad_norm = 0;
     if (o.clip_grad_norm > 0) {
       grad_norm = fsdp::clip_grad_norm_(root.parameters(), o.clip_grad_norm, dist.group);
     }
     opt->step();
-    report.end_step(step, loss, grad_norm, root.comm_stats(), root.memory_stats());
+    report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());
   }
   report.summary();
   return 0;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of train_minillm at a tiny size: world 1 and world 2 (mpiexec) agree on every
-# step's loss to 1e-5, the loss falls, and bad flags exit non-zero with a message naming them.
+# step's loss to 1e-5, also with the training features on (accumulation without sync,
+# activation checkpointing, the whole-model start-up); the loss falls; and bad flags exit
+# non-zero with a message naming them.
 #   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -14,16 +16,23 @@ fail=0
 "$bin" "${args[@]}" --metrics-out "$tmp/w1.jsonl" > "$tmp/w1.log" 2>&1 || { cat "$tmp/w1.log"; exit 1; }
 "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --metrics-out "$tmp/w2.jsonl" > "$tmp/w2.log" 2>&1 \
   || { cat "$tmp/w2.log"; exit 1; }
+features=(--grad-accum 2 --activation-checkpointing --init-full-model)
+"${mpiexec[@]}" -n 2 "$bin" "${args[@]}" "${features[@]}" --metrics-out "$tmp/w2f.jsonl" \
+  > "$tmp/w2f.log" 2>&1 || { cat "$tmp/w2f.log"; exit 1; }
 losses() { sed -E 's/.*"loss":([-0-9.eE+]+).*/\1/' "$1"; }
-paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/w2.jsonl") > "$tmp/pairs"
+paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/w2.jsonl") <(losses "$tmp/w2f.jsonl") > "$tmp/pairs"
 [ "$(wc -l < "$tmp/pairs")" -eq 6 ] || { echo "expected 6 metrics lines per run"; cat "$tmp"/*.log; exit 1; }
-if ! awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 < 0 ? -$1 : $1)) bad = 1 }
+if ! awk 'function off(a, b) { d = a - b; if (d < 0) d = -d; return d > 1e-5 * (a < 0 ? -a : a) }
+          { if (off($1, $2)) bad = "world 2"; if (off($1, $3)) bad = "world 2 with " features }
           NR == 1 { first = $1 } { last = $1 }
-          END { if (bad) { print "world 1 and world 2 losses differ"; exit 1 }
-                if (!(last < first)) { print "loss did not fall"; exit 1 } }' "$tmp/pairs"; then
+          END { if (bad) { print "world 1 and " bad " losses differ"; exit 1 }
+                if (!(last < first)) { print "loss did not fall"; exit 1 } }' \
+     features="${features[*]}" "$tmp/pairs"; then
   cat "$tmp/pairs"; fail=1
 fi
-echo "losses (world 1, world 2):"; cat "$tmp/pairs"
+echo "losses (world 1, world 2, world 2 with ${features[*]}):"; cat "$tmp/pairs"
+grep -q "in 2 micro-batches" "$tmp/w2f.log" && grep -q "activation checkpointing" "$tmp/w2f.log" \
+  || { echo "the header does not show the features:"; cat "$tmp/w2f.log"; fail=1; }
 
 expect_error() {  # expect_error NEEDLE ARGS...
   local needle="$1"; shift
@@ -40,6 +49,8 @@ expect_error "The following argument was not expected: --bogus" --bogus
 expect_error "--clip-grad-norm must be a finite number >= 0" --clip-grad-norm -1
 expect_error "--init-from /nonexistent.safetensors: no such file" --init-from /nonexistent.safetensors
 expect_error "--steps must be a positive integer" --steps -3
+expect_error "--grad-accum must be a positive integer" --grad-accum 0
+expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "${args[@]}" --grad-accum 3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then
   echo "expected --batch 3 to fail on 2 ranks"; fail=1

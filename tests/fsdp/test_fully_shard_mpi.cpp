@@ -84,6 +84,18 @@ TEST(FullyShardMpi, ActivationCheckpointingIsIdenticalToWithout) {
   }
 }
 
+TEST(FullyShardMpi, StartupByBlockHasTheUnshardedModelsValues) {
+  TrainSpec spec;
+  auto reference = build_model(spec);
+  TinyLM model{nullptr};
+  auto root = build_sharded_by_block(spec, world(), model);
+  auto want = reference->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    auto full = gather_full(world(), item.value(), want[item.key()].size(0));
+    EXPECT_TRUE(at::equal(full, want[item.key()])) << item.key();
+  }
+}
+
 TEST(FullyShardMpi, ClipGradNormMatchesLibtorchOnTheUnshardedModel) {
   for (double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     expect_clip_grad_matches_libtorch(world(), p);

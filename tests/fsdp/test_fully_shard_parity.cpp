@@ -35,6 +35,42 @@ TEST_P(Fp32Parity, MatchesSingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Fp32Parity, ::testing::Values(1, 2, 3, 4));
 
+// Start-up without the full model: blocks sharded as they are built hold exactly the values of
+// the unsharded model of the same seed, and each rank only its rows.
+class StartupByBlock : public ::testing::TestWithParam<int> {};
+
+TEST_P(StartupByBlock, SameValuesAsTheUnshardedModel) {
+  TrainSpec spec;
+  auto reference = build_model(spec);
+  run_local_ranks(
+      GetParam(),
+      [&](const ProcessGroupPtr& pg) {
+        TinyLM model{nullptr};
+        auto root = build_sharded_by_block(spec, pg, model);
+        EXPECT_EQ(root.memory_stats().sharded_param_bytes,
+                  expected_shard_bytes(reference, pg->size(), pg->rank()));
+        auto want = reference->named_parameters();
+        for (const auto& item : model->named_parameters()) {
+          auto full = gather_full(pg, item.value(), want[item.key()].size(0));
+          EXPECT_TRUE(at::equal(full, want[item.key()])) << item.key();
+        }
+      },
+      test_options());
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, StartupByBlock, ::testing::Values(1, 2, 3, 4));
+
+TEST(StartupByBlock, ParameterCountWithoutBuilding) {
+  for (bool tied : {false, true}) {
+    TrainSpec spec;
+    spec.model.tie_embeddings = tied;
+    spec.model.outputs = tied ? 0 : 3;
+    int64_t n = 0;
+    for (const auto& p : unique_parameters(*build_model(spec))) n += p.numel();
+    EXPECT_EQ(minillm::parameter_count(spec.model), n) << "tied " << tied;
+  }
+}
+
 // bf16 parameters and compute, fp32 reduction, fp32 master shards: against a reference that
 // applies the same casts by hand.
 class MixedPrecisionParity : public ::testing::TestWithParam<int> {};

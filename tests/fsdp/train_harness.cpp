@@ -24,15 +24,32 @@ int64_t expected_shard_bytes(TinyLM& model, int world, int rank) {
   return bytes;
 }
 
-TinyLM build_model(const TrainSpec& spec) {
-  // Thread ranks share libtorch's global generator: build one model at a time.
+namespace {
+// Thread ranks share libtorch's global generator: build one model at a time.
+std::mutex& build_mutex() {
   static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  return mu;
+}
+}  // namespace
+
+TinyLM build_model(const TrainSpec& spec) {
+  std::lock_guard<std::mutex> lock(build_mutex());
   torch::manual_seed(spec.seed);
   TinyLM model(spec.model);
   if (spec.edit_model) spec.edit_model(model);
   model->to(spec.device);
   return model;
+}
+
+Unit<TinyLM> build_sharded_by_block(const TrainSpec& spec, const ProcessGroupPtr& pg,
+                                    TinyLM& model) {
+  FullyShardOptions options{spec.mp, spec.reshard_after_forward};
+  std::lock_guard<std::mutex> lock(build_mutex());  // fully_shard does not communicate
+  torch::manual_seed(spec.seed);
+  model = TinyLM(spec.model, [&](int64_t, Unit<minillm::TransformerBlock>& block) {
+    fully_shard(block, pg, options);
+  });
+  return fully_shard(model, pg, options);
 }
 
 std::pair<at::Tensor, at::Tensor> global_batch(const TrainSpec& spec, int step) {

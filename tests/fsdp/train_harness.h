@@ -59,6 +59,10 @@ struct TrainResult {
 
 // The same initial parameters on every thread and process for a given seed.
 TinyLM build_model(const TrainSpec& spec);
+// The same model sharded block by block as it is built (MiniLLMImpl::BlockBuilt), then the
+// root: start-up without the full model. `model` receives the module.
+Unit<TinyLM> build_sharded_by_block(const TrainSpec& spec, const ProcessGroupPtr& pg,
+                                    TinyLM& model);
 
 // Runs that change the order of float additions (accumulation) cannot match bit for bit. The
 // attention's key bias has a gradient that is zero up to rounding (softmax ignores a shift of
