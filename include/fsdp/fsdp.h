@@ -2,6 +2,7 @@
 #pragma once
 
 #include "fsdp/backends.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/clip_grad.h"
 #include "fsdp/comm_stats.h"
 #include "fsdp/device_memory.h"

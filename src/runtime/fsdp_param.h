@@ -38,6 +38,9 @@ class FsdpParam {
   void attach(Accounting* acct) { acct_ = acct; }
 
   const at::Tensor& param() const { return param_; }
+  const std::vector<int64_t>& full_shape() const { return full_shape_; }
+  const ShardRange& range(int rank) const { return ranges_.at(rank); }
+  bool holds_full() const { return holds_full_; }
   bool requires_grad() const { return param_.requires_grad(); }
   at::ScalarType orig_dtype() const { return shard_.scalar_type(); }
   // Elements every rank contributes to a collective: ceil(d0 / world) rows, padded.

@@ -10,6 +10,7 @@
 #include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
 #include "fsdp/unique_parameters.h"
+#include "runtime/local_shards.h"
 #include "runtime/unit_state.h"
 
 namespace fsdp {
@@ -205,6 +206,37 @@ std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Mo
   register_unit(r, module, state, params);
   release_freed_heap_memory();
   return state;
+}
+
+std::vector<LocalShard> local_shards(const torch::nn::Module& model) {
+  std::vector<LocalShard> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    LocalShard shard{item.key(), p, p.sizes().vec(), 0, p.dim() == 0 ? 1 : p.size(0), true};
+    auto owner = r.owned.find(p.unsafeGetTensorImpl());
+    auto state = owner == r.owned.end() ? nullptr : owner->second.lock();
+    if (state) {
+      const ParamGroup& group = state->group();
+      for (const auto& fp : group.params()) {
+        if (!fp.param().is_same(p)) continue;
+        FSDP_CHECK_ARG(!fp.holds_full(),
+                       "parameter '{}' is gathered (full) now; checkpoints read shards: call "
+                       "them between steps, or reshard() after unshard()",
+                       item.key());
+        const ShardRange& rows = fp.range(group.pg()->rank());
+        shard.full_shape = fp.full_shape();
+        shard.row_begin = rows.begin;
+        shard.row_end = rows.begin + rows.rows();
+        shard.replicated = false;
+      }
+    }
+    out.push_back(std::move(shard));
+  }
+  return out;
 }
 
 void pre_forward(UnitState& state) { state.pre_forward(); }

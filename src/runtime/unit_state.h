@@ -25,6 +25,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   bool module_is(const torch::nn::Module* m) const;
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   bool has_parent() const { return has_parent_; }
+  const ParamGroup& group() const { return *group_; }
   void adopt(const std::shared_ptr<UnitState>& child);
 
   void pre_forward();

@@ -1,0 +1,78 @@
+// Sharded checkpoints: every rank writes its own parameter and optimizer-state shards in
+// parallel, rank 0 a manifest; a checkpoint loads at any world size (PyTorch's
+// torch.distributed.checkpoint, for C++ programs).
+//
+// On disk, `dir/step_<step>/`:
+//   manifest.json   format and library version, world size, step, user metadata, the optimizer
+//                   kind, and for every tensor its global shape, dtype and each rank's rows:
+//                   file, byte offset, size and CRC-32s of chunks of rows (about 4 MiB each)
+//   rank_<r>.bin    rank r's rows of every tensor, raw little-endian, one after another
+// Tensors: each parameter under its name in the model (named_parameters(), the first name of a
+// tied tensor), its optimizer state as "<name>#exp_avg", "#exp_avg_sq", "#max_exp_avg_sq"
+// (AdamW and fsdp::FusedAdamW; the step counts live in the manifest) or "#momentum_buffer"
+// (SGD), and buffers (written once, by rank 0).
+//
+// Atomic: the ranks write into `dir/.tmp-step_<step>/`, fsync every file, rank 0 writes the
+// manifest last, fsyncs, and renames the directory into place (then fsyncs `dir`). A crash at
+// any point leaves earlier checkpoints as they were and at most a .tmp- directory, which
+// latest_checkpoint ignores and the next save removes.
+//
+// Collective: every rank of `pg` calls these with the same arguments. A failure on any rank
+// (a file that cannot be written or read, a checksum or shape that does not match) is reported
+// on every rank as CheckpointError naming the rank, the file and the tensor; load changes no
+// parameter and no optimizer state unless every rank read and verified everything it needs.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "fsdp/errors.h"
+#include "fsdp/process_group.h"
+
+namespace fsdp {
+
+// A checkpoint could not be written or read; the message names the rank, file and tensor.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct SaveOptions {
+  // Keep this many complete checkpoints in the directory, the newest (0: keep all).
+  int keep_last = 0;
+  // Stored in the manifest and returned by load_checkpoint (data position, run name, ...).
+  std::map<std::string, std::string> metadata;
+};
+
+struct CheckpointInfo {
+  std::string path;  // the checkpoint's directory
+  int64_t step = 0;
+  int world_size = 0;  // the world size that saved it
+  std::map<std::string, std::string> metadata;
+};
+
+// Saves `model` (sharded by fully_shard or not; parameters must be sharded, not gathered) and,
+// when given, `optimizer`'s state into dir/step_<step>. Returns the checkpoint's path. The
+// optimizer must be torch::optim::AdamW (fsdp::FusedAdamW included) or SGD, over parameters of
+// `model`; anything else is CheckpointError before anything is written. A checkpoint of the same
+// step already in `dir` is an error: nothing a user saved is overwritten.
+std::string save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
+                            const torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg,
+                            const SaveOptions& options = {});
+
+// The complete checkpoint of `dir` with the highest step (one with its manifest in place), or
+// nullopt when there is none. Local: no communication.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Loads a checkpoint saved at any world size into `model`, sharded the way it is now (each rank
+// reads only the chunks of rows it needs), and `optimizer`'s state when given. Names, shapes and
+// dtypes must match both ways.
+CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
+                               torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg);
+
+}  // namespace fsdp

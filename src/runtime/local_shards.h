@@ -1,0 +1,25 @@
+// Internal: what this rank holds of each parameter of a model, for checkpoints. Sharded
+// parameters come from their unit's FsdpParam; parameters outside every unit are replicated.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdp::detail {
+
+struct LocalShard {
+  std::string name;   // the first name of the tensor in model.named_parameters()
+  at::Tensor tensor;  // the parameter itself: this rank's rows of dim 0
+  std::vector<int64_t> full_shape;
+  int64_t row_begin = 0, row_end = 0;  // rows of dim 0 held here (a 0-d tensor: one row)
+  bool replicated = false;             // outside every unit: every rank holds every row
+};
+
+// Each unique parameter of `model` once, in named_parameters() order. Throws InvalidArgument
+// when a unit's parameters are gathered (between unshard() and reshard(), or mid-step).
+std::vector<LocalShard> local_shards(const torch::nn::Module& model);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,286 @@
+// Sharded checkpoints over thread ranks: saved at world 4 and loaded at 1, 2 and 3 (parameters
+// and AdamW state equal, frozen parameters and nested units included); atomic directories and
+// keep-last; every corruption fails on every rank before anything changes.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sys/stat.h>
+
+#include "fsdp/checkpoint.h"
+#include "support/expect_error.h"
+#include "fsdp/train_harness.h"
+
+namespace fsdp::testing {
+namespace {
+
+// POSIX and the shell rather than std::filesystem: libtorch.so exports its own copies of
+// std::filesystem's functions, and its remove_all crashes (docs/libtorch.md).
+void remove_tree(const std::string& path) {
+  ASSERT_EQ(std::system(("rm -rf '" + path + "'").c_str()), 0);
+}
+
+std::string fresh_dir(const std::string& name) {
+  auto dir = "/tmp/fsdp_ckpt_" + name + "_" + std::to_string(::getpid());
+  remove_tree(dir);
+  return dir;
+}
+
+std::vector<std::string> list_names(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+// A model of `spec` sharded over `pg`, AdamW over it, `steps` steps on its slices.
+struct Trained {
+  TinyLM model{nullptr};
+  std::unique_ptr<Unit<TinyLM>> root;
+  std::unique_ptr<torch::optim::AdamW> opt;
+};
+
+Trained train(const TrainSpec& spec, const ProcessGroupPtr& pg, int steps) {
+  Trained t;
+  t.model = build_model(spec);
+  t.root = std::make_unique<Unit<TinyLM>>(shard_model(t.model, pg, spec));
+  t.opt = std::make_unique<torch::optim::AdamW>(t.root->parameters(),
+                                                torch::optim::AdamWOptions(spec.lr));
+  const int64_t local = spec.batch / pg->size();
+  for (int step = 0; step < steps; ++step) {
+    auto [tokens, targets] = global_batch(spec, step);
+    t.opt->zero_grad();
+    loss_of((*t.root)(rank_slice(tokens, pg, local)), rank_slice(targets, pg, local),
+            spec.model.output_size())
+        .backward();
+    t.opt->step();
+  }
+  return t;
+}
+
+// Every parameter and AdamW moment, gathered to full tensors, by name (collective).
+std::map<std::string, at::Tensor> full_state(Trained& t, const ProcessGroupPtr& pg) {
+  std::map<std::string, at::Tensor> out;
+  auto& states = t.opt->state();
+  for (const auto& item : t.model->named_parameters()) {
+    const auto& p = item.value();
+    // The full first dimension: sum of the rows of every rank.
+    auto rows = at::full({1}, p.size(0), at::kLong);
+    pg->all_reduce(rows, ReduceOp::kSum)->wait();
+    const int64_t d0 = rows.item<int64_t>();
+    out[item.key()] = gather_full(pg, p, d0);
+    auto it = states.find(p.unsafeGetTensorImpl());
+    const bool has = it != states.end();
+    auto flag = at::full({1}, has ? 1 : 0, at::kLong);
+    pg->all_reduce(flag, ReduceOp::kSum)->wait();
+    if (flag.item<int64_t>() == 0) continue;
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    out[item.key() + "#exp_avg"] = gather_full(pg, s.exp_avg(), d0);
+    out[item.key() + "#exp_avg_sq"] = gather_full(pg, s.exp_avg_sq(), d0);
+    out[item.key() + "#step"] = at::full({1}, s.step(), at::kLong);
+  }
+  return out;
+}
+
+void expect_same(const std::map<std::string, at::Tensor>& got,
+                 const std::map<std::string, at::Tensor>& want, const std::string& label) {
+  ASSERT_EQ(got.size(), want.size()) << label;
+  for (const auto& [name, t] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << label << ": " << name;
+    EXPECT_TRUE(at::equal(it->second, t)) << label << ": " << name;
+  }
+}
+
+TrainSpec checkpoint_spec() {
+  TrainSpec spec;
+  spec.steps = 3;
+  // A frozen parameter: saved, no optimizer state.
+  spec.edit_model = [](TinyLM& m) { m->layers[0]->norm1->weight.set_requires_grad(false); };
+  return spec;
+}
+
+TEST(Checkpoint, SavedAtFourLoadsAtOneTwoAndThree) {
+  const auto dir = fresh_dir("reshard");
+  TrainSpec spec = checkpoint_spec();
+  std::map<std::string, at::Tensor> saved;
+  std::string path;
+  run_local_ranks(
+      4,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 3);
+        auto state = full_state(t, pg);
+        SaveOptions options;
+        options.metadata["data_step"] = "3";
+        auto p = save_checkpoint(dir, 3, *t.model, t.opt.get(), pg, options);
+        if (pg->rank() == 0) saved = state, path = p;
+      },
+      test_options());
+  ASSERT_EQ(latest_checkpoint(dir), path);
+  for (int world : {1, 2, 3}) {
+    run_local_ranks(
+        world,
+        [&](const ProcessGroupPtr& pg) {
+          TrainSpec other = spec;
+          other.seed = 99;  // different values: the load must overwrite every one
+          auto t = train(other, pg, 1);
+          auto info = load_checkpoint(path, *t.model, t.opt.get(), pg);
+          EXPECT_EQ(info.step, 3);
+          EXPECT_EQ(info.world_size, 4);
+          EXPECT_EQ(info.metadata["data_step"], "3");
+          auto state = full_state(t, pg);
+          if (pg->rank() == 0) expect_same(state, saved, "world " + std::to_string(world));
+        },
+        test_options());
+  }
+  remove_tree(dir);
+}
+
+TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
+  const auto dir = fresh_dir("keep");
+  TrainSpec spec = checkpoint_spec();
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 1);
+        SaveOptions keep2;
+        keep2.keep_last = 2;
+        for (int step = 1; step <= 4; ++step) {
+          save_checkpoint(dir, step, *t.model, t.opt.get(), pg, keep2);
+        }
+        // What a crash leaves: a temporary directory, and a step directory without manifest.
+        if (pg->rank() == 0) {
+          ::mkdir((dir + "/.tmp-step_0000000009").c_str(), 0755);
+          ::mkdir((dir + "/step_0000000007").c_str(), 0755);
+        }
+        pg->barrier()->wait();
+        EXPECT_EQ(latest_checkpoint(dir), dir + "/step_0000000004");
+        pg->barrier()->wait();
+        // Never overwritten: the same step again is refused on every rank.
+        expect_error_containing<CheckpointError>(
+            [&] { save_checkpoint(dir, 4, *t.model, t.opt.get(), pg); },
+            "already exists");
+        save_checkpoint(dir, 5, *t.model, t.opt.get(), pg, keep2);
+      },
+      test_options());
+  auto names = list_names(dir);
+  // Steps 4 and 5 kept, the crash's temporary directory removed; the manifest-less directory
+  // is not a checkpoint and is left alone (it may be a user's).
+  EXPECT_EQ(names, (std::vector<std::string>{"step_0000000004", "step_0000000005",
+                                             "step_0000000007"}));
+  remove_tree(dir);
+}
+
+TEST(Checkpoint, UnsupportedOptimizerFailsBeforeWriting) {
+  const auto dir = fresh_dir("adagrad");
+  TrainSpec spec;
+  auto model = build_model(spec);
+  auto pg = make_local_groups(1).front();
+  auto root = shard_model(model, pg);
+  torch::optim::Adagrad opt(root.parameters());
+  expect_error_containing<CheckpointError>(
+      [&] { save_checkpoint(dir, 1, *model, &opt, pg); }, "torch::optim::Adagrad");
+  EXPECT_EQ(file_size(dir), -1) << "nothing created";
+}
+
+// Saves a 2-rank checkpoint, lets `damage` change it, then expects loading at 2 ranks to fail
+// on both with `needle` and to leave parameters and optimizer state as they were.
+void expect_load_fails(const std::string& label, const std::function<void(const std::string&)>& damage,
+                       const std::string& needle, TrainSpec load_spec = checkpoint_spec()) {
+  const auto dir = fresh_dir(label);
+  TrainSpec spec = checkpoint_spec();
+  std::string path;
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 2);
+        auto p = save_checkpoint(dir, 2, *t.model, t.opt.get(), pg);
+        if (pg->rank() == 0) path = p;
+      },
+      test_options());
+  damage(path);
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(load_spec, pg, 1);
+        auto before = full_state(t, pg);
+        expect_error_containing<CheckpointError>(
+            [&] { load_checkpoint(path, *t.model, t.opt.get(), pg); }, needle);
+        auto after = full_state(t, pg);
+        if (pg->rank() == 0) expect_same(after, before, label + ": unchanged");
+      },
+      test_options());
+  remove_tree(dir);
+}
+
+TEST(CheckpointErrors, TruncatedFile) {
+  expect_load_fails(
+      "truncated",
+      [](const std::string& p) {
+        const auto f = p + "/rank_00001.bin";
+        ASSERT_EQ(::truncate(f.c_str(), file_size(f) / 2), 0);
+      },
+      "rank_00001.bin is truncated");
+}
+
+TEST(CheckpointErrors, CorruptedByte) {
+  expect_load_fails(
+      "corrupted",
+      [](const std::string& p) {
+        std::fstream f(p + "/rank_00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(100);
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x5a);
+        f.seekp(100);
+        f.write(&c, 1);
+      },
+      "checksum mismatch in tensor 'embed.weight'");
+}
+
+TEST(CheckpointErrors, MissingFile) {
+  expect_load_fails(
+      "missing", [](const std::string& p) { ::unlink((p + "/rank_00000.bin").c_str()); },
+      "rank_00000.bin (tensor 'embed.weight')");
+}
+
+TEST(CheckpointErrors, MalformedManifest) {
+  expect_load_fails(
+      "manifest",
+      [](const std::string& p) { std::ofstream(p + "/manifest.json") << "{\"format\": 3"; },
+      "not valid JSON");
+}
+
+TEST(CheckpointErrors, ShapeMismatch) {
+  TrainSpec wider = checkpoint_spec();
+  wider.model.dim = 64;
+  expect_load_fails("shape", [](const std::string&) {}, "tensor 'embed.weight' is Float [1001, 60]",
+                    wider);
+}
+
+TEST(CheckpointErrors, NameMismatch) {
+  TrainSpec tied = checkpoint_spec();
+  tied.model.outputs = 0;
+  tied.model.tie_embeddings = true;
+  // The tied model has no head.weight of its own (and a 1001-row head): the first difference
+  // found is reported.
+  expect_load_fails("names", [](const std::string&) {}, "head.weight", tied);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
