@@ -61,6 +61,14 @@ std::string check(const Options& o, int world_size) {
     return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
                        o.clip_grad_norm);
   }
+  if (o.save_every < 0) return fmt::format("--save-every must be >= 0, got {}", o.save_every);
+  if (o.keep < 0) return fmt::format("--keep must be >= 0, got {}", o.keep);
+  if ((o.save_every > 0 || o.keep > 0 || o.resume) && o.save_dir.empty()) {
+    return "--save-every, --keep and --resume need --save-dir DIR";
+  }
+  if (o.resume && !o.init_from.empty()) {
+    return "--resume and --init-from both set the weights: give one";
+  }
   if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
   if (o.data != "auto" && o.data != "synthetic") {
     std::error_code ec;
@@ -137,8 +145,23 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                "backward (less memory, about one more forward of compute)");
   app.add_flag("--init-full-model", o.init_full_model,
                "Build the whole model on every rank, then shard it (the default shards each "
-               "block as it is built: same values, a fraction of the memory; --init-from "
-               "implies this)");
+               "block as it is built: same values, a fraction of the memory)");
+  app.add_option("--save-dir", o.save_dir,
+                 "Write sharded checkpoints (parameters and optimizer state) to this directory");
+  app.add_option("--save-every", o.save_every,
+                 "Steps between checkpoints (0: one at the end); needs --save-dir")
+      ->capture_default_str();
+  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)")
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume,
+               "Continue from the latest complete checkpoint in --save-dir, saved at any world "
+               "size (none there: start from step 0)");
+  app.add_option("--export", o.export_path,
+                 "After training, write the whole model to this safetensors file (PyTorch's "
+                 "names)");
+  app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "

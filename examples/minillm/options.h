@@ -28,7 +28,13 @@ struct Options {
   int grad_accum = 1;         // micro-batches per step, the rank's batch split evenly
   bool grad_accum_sync = false;  // reduce-scatter after every micro-batch instead of once
   bool activation_checkpointing = false;  // recompute each block's activations in backward
-  bool init_full_model = false;  // build the whole model, then shard (implied by --init-from)
+  bool init_full_model = false;  // build the whole model, then shard
+  std::string save_dir;          // sharded checkpoints go here
+  int save_every = 0;            // steps between checkpoints (0: only at the end)
+  int keep = 0;                  // checkpoints kept (0: all)
+  bool resume = false;           // start from the latest checkpoint in save_dir
+  std::string export_path;       // safetensors file of the trained model
+  std::string export_dtype = "fp32";
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

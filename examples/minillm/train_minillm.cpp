@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -46,12 +47,11 @@ fsdp::FullyShardOptions root_options(const Options& o) {
   return opts;
 }
 
-// Builds the model with the values a single process gets from --seed (or --init-from) and
-// shards it: every block a unit, then the root. By default each block is sharded as soon as it
-// is built, so a rank never holds more than its shards, one full block and the root's own
-// parameters (embedding, head); the random numbers are drawn in the same order as for the
-// whole model, so the values are the same. --init-from reads the whole file, so it builds the
-// whole model first, as --init-full-model does.
+// Builds the model with the values a single process gets from --seed and shards it: every
+// block a unit, then the root. By default each block is sharded as soon as it is built, so a
+// rank never holds more than its shards, one full block and the root's own parameters
+// (embedding, head); the random numbers are drawn in the same order as for the whole model, so
+// the values are the same. --init-from then replaces them, each rank reading its own rows.
 fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist) {
   auto block_options = root_options(o);
   block_options.reshard_after_forward = o.reshard_after_forward;
@@ -60,18 +60,50 @@ fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::D
     block->to(dist.device);
     fsdp::fully_shard(block, dist.group, block_options);
   };
-  const bool whole = o.init_full_model || !o.init_from.empty();
   minillm::MiniLLMImpl::BlockBuilt on_built;
-  if (!whole) on_built = shard_block;
+  if (!o.init_full_model) on_built = shard_block;
   torch::manual_seed(o.seed);
   minillm::MiniLLM model(o.model, on_built);
-  if (!o.init_from.empty()) fsdp::load_safetensors_into(*model, o.init_from);
-  if (whole) {
+  if (o.init_full_model) {
     model->to(dist.device);
     for (size_t i = 0; i < model->layers.size(); ++i) shard_block(i, model->layers[i]);
   }
   model->to(dist.device);  // the root's own parameters
-  return fsdp::fully_shard(model, dist.group, root_options(o));
+  auto root = fsdp::fully_shard(model, dist.group, root_options(o));
+  if (!o.init_from.empty()) fsdp::load_safetensors_sharded(o.init_from, *model, dist.group);
+  return root;
+}
+
+// --resume: the step to start from (0 without a checkpoint), with model and optimizer loaded.
+int resume(const Options& o, minillm::MiniLLMImpl& model, torch::optim::Optimizer& opt,
+           const fsdp::Distributed& dist) {
+  if (!o.resume) return 0;
+  auto latest = fsdp::latest_checkpoint(o.save_dir);
+  const bool lead = dist.group->rank() == 0;
+  if (!latest) {
+    if (lead) fmt::print("resume: no checkpoint in {}; starting at step 0\n", o.save_dir);
+    return 0;
+  }
+  auto info = fsdp::load_checkpoint(*latest, model, &opt, dist.group);
+  if (lead) {
+    fmt::print("resume: {} (step {}, saved by {} ranks)\n", info.path, info.step,
+               info.world_size);
+  }
+  return static_cast<int>(info.step);
+}
+
+// A checkpoint after `steps_done` steps.
+void save(const Options& o, int steps_done, const minillm::MiniLLMImpl& model,
+          const torch::optim::Optimizer& opt, const fsdp::Distributed& dist) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fsdp::SaveOptions options;
+  options.keep_last = o.keep;
+  options.metadata["data_step"] = std::to_string(steps_done);
+  auto path = fsdp::save_checkpoint(o.save_dir, steps_done, model, &opt, dist.group, options);
+  if (dist.group->rank() == 0) {
+    fmt::print("saved {} in {:.2f} s\n", path,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
@@ -94,8 +126,9 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   report.header(minillm::parameter_count(o.model), root.memory_stats().sharded_param_bytes,
                 startup_peak, data->describe());
 
+  const int start = resume(o, *root.module(), *opt, dist);
   const int64_t micro = local_batch / o.grad_accum;
-  for (int step = 0; step < o.steps; ++step) {
+  for (int step = start; step < o.steps; ++step) {
     auto batch = data->slice(step, rank * local_batch, local_batch);
     auto tokens = batch.tokens.to(dist.device), targets = batch.targets.to(dist.device);
     report.start_step(root.comm_stats());
@@ -119,6 +152,17 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     }
     opt->step();
     report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());
+    const int done = step + 1;
+    const bool last = done == o.steps;
+    if (!o.save_dir.empty() && ((o.save_every > 0 && done % o.save_every == 0) || last)) {
+      save(o, done, *root.module(), *opt, dist);
+    }
+  }
+  if (!o.export_path.empty()) {
+    fsdp::ExportOptions options;
+    if (o.export_dtype == "bf16") options.dtype = torch::kBFloat16;
+    fsdp::export_safetensors(o.export_path, *root.module(), dist.group, options);
+    if (rank == 0) fmt::print("exported {}\n", o.export_path);
   }
   report.summary();
   return 0;

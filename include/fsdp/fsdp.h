@@ -17,4 +17,5 @@
 #include "fsdp/process_group.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/sharding.h"
+#include "fsdp/whole_model.h"
 #include "fsdp/work.h"

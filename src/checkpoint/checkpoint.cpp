@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -47,6 +49,14 @@ std::string current_error() {
   } catch (...) {
     return "unknown error";
   }
+}
+
+// Test hook for crash safety: FSDP_TEST_KILL_IN_SAVE=<step> makes rank 0 kill itself with
+// SIGKILL while saving that step, after every rank's data is on disk and before the manifest
+// (the worst moment: everything written but not yet a checkpoint). ctest checkpoint_resume.
+void kill_here_if_testing(int64_t step) {
+  const char* at = std::getenv("FSDP_TEST_KILL_IN_SAVE");
+  if (at && std::to_string(step) == at) ::raise(SIGKILL);
 }
 
 // The optimizer's parameters must be the model's (each by its identity).
@@ -214,6 +224,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
 
   auto per_rank = detail::all_gather_strings(g, entries);
   if (rank == 0) {
+    kill_here_if_testing(step);
     try {
       // The manifest last: a directory without it is not a checkpoint.
       write_text_file(join(tmp, detail::kManifestName),

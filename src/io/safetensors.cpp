@@ -41,43 +41,72 @@ std::string dtype_name(at::ScalarType t) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), specs_(std::move(specs)) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    FSDP_CHECK_ARG(!name.empty() && name != "__metadata__",
-                   "write_safetensors({}): invalid tensor name '{}'", path, name);
-    FSDP_CHECK_ARG(names.insert(name).second, "write_safetensors({}): tensor '{}' given twice",
-                   path, name);
-    auto cpu = tensor.detach().to(at::kCPU).contiguous();
-    uint64_t bytes = cpu.numel() * cpu.element_size();
-    header[name] = {{"dtype", dtype_name(cpu.scalar_type())},
-                    {"shape", cpu.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const auto& spec : specs_) {
+    FSDP_CHECK_ARG(!spec.name.empty() && spec.name != "__metadata__",
+                   "write_safetensors({}): invalid tensor name '{}'", path, spec.name);
+    FSDP_CHECK_ARG(names.insert(spec.name).second,
+                   "write_safetensors({}): tensor '{}' given twice", path, spec.name);
+    uint64_t bytes = c10::elementSize(spec.dtype);
+    for (auto d : spec.shape) bytes *= static_cast<uint64_t>(d);
+    header[spec.name] = {{"dtype", dtype_name(spec.dtype)},
+                         {"shape", spec.shape},
+                         {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(std::move(cpu));
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(fmt::format("write_safetensors: cannot open {} for writing", path));
+  out_ = std::make_unique<std::ofstream>(path, std::ios::binary | std::ios::trunc);
+  if (!*out_) throw Error(fmt::format("write_safetensors: cannot open {} for writing", path));
   uint64_t n = json.size();
-  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
-  out.write(json.data(), static_cast<std::streamsize>(json.size()));
-  for (const auto& t : data) {
-    out.write(static_cast<const char*>(t.data_ptr()),
-              static_cast<std::streamsize>(t.numel() * t.element_size()));
-  }
-  out.flush();
-  if (!out) throw Error(fmt::format("write_safetensors: writing {} failed", path));
+  out_->write(reinterpret_cast<const char*>(&n), sizeof(n));
+  out_->write(json.data(), static_cast<std::streamsize>(json.size()));
 }
 
-NamedTensors read_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata) {
+void SafetensorsWriter::write_next(const at::Tensor& tensor) {
+  FSDP_CHECK_ARG(next_ < specs_.size(), "write_safetensors({}): more tensors than declared",
+                 path_);
+  const Spec& spec = specs_[next_];
+  FSDP_CHECK_ARG(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape,
+                 "write_safetensors({}): tensor '{}' is {} {}, declared {} {}", path_, spec.name,
+                 c10::toString(tensor.scalar_type()), tensor.sizes(), c10::toString(spec.dtype),
+                 spec.shape);
+  auto cpu = tensor.detach().to(at::kCPU).contiguous();
+  out_->write(static_cast<const char*>(cpu.data_ptr()),
+              static_cast<std::streamsize>(cpu.numel() * cpu.element_size()));
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  if (next_ != specs_.size()) {
+    throw Error(fmt::format("write_safetensors({}): {} of {} tensors written", path_, next_,
+                            specs_.size()));
+  }
+  out_->flush();
+  if (!*out_) throw Error(fmt::format("write_safetensors: writing {} failed", path_));
+  out_->close();
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsWriter::Spec> specs;
+  for (const auto& [name, tensor] : tensors) {
+    specs.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  }
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const auto& item : tensors) writer.write_next(item.second);
+  writer.finish();
+}
+
+SafetensorsIndex read_safetensors_index(const std::string& path) {
+  SafetensorsIndex index;
+  auto* metadata = &index.metadata;
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw InvalidArgument(fmt::format("safetensors: cannot open {}", path));
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
@@ -157,19 +186,48 @@ NamedTensors read_safetensors(const std::string& path,
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
 
-  NamedTensors out;
-  out.reserve(entries.size());
   const uint64_t data_start = sizeof(n) + n;
   for (const auto& e : entries) {
+    index.entries.push_back({e.name, e.dtype, e.shape, data_start + e.begin, e.end - e.begin});
+  }
+  return index;
+}
+
+NamedTensors read_safetensors(const std::string& path,
+                              std::map<std::string, std::string>* metadata) {
+  auto index = read_safetensors_index(path);
+  if (metadata) *metadata = index.metadata;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(fmt::format("safetensors: cannot open {}", path));
+  NamedTensors out;
+  out.reserve(index.entries.size());
+  for (const auto& e : index.entries) {
     auto t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in)
-      malformed(path,
-                fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.end - e.begin));
+    in.seekg(static_cast<std::streamoff>(e.offset));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.nbytes));
+    if (!in) malformed(path, fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.nbytes));
     out.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+at::Tensor read_safetensors_rows(const std::string& path, const SafetensorsEntry& entry,
+                                 int64_t row_begin, int64_t row_end) {
+  auto shape = entry.shape;
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  FSDP_CHECK_ARG(0 <= row_begin && row_begin <= row_end && row_end <= rows,
+                 "read_safetensors_rows({}): rows [{}, {}) of tensor '{}' with {} rows", path,
+                 row_begin, row_end, entry.name, rows);
+  if (!shape.empty()) shape[0] = row_end - row_begin;
+  auto t = at::empty(shape, at::TensorOptions().dtype(entry.dtype));
+  const int64_t row_bytes = rows == 0 ? 0 : static_cast<int64_t>(entry.nbytes) / rows;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(fmt::format("safetensors: cannot open {}", path));
+  in.seekg(static_cast<std::streamoff>(entry.offset + row_begin * row_bytes));
+  in.read(static_cast<char*>(t.data_ptr()),
+          static_cast<std::streamsize>((row_end - row_begin) * row_bytes));
+  if (!in) malformed(path, fmt::format("tensor '{}': reading rows {}..{} failed", entry.name, row_begin, row_end));
+  return t;
 }
 
 void load_safetensors_into(torch::nn::Module& module, const std::string& path) {
