@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/safetensors.h"
+#include "fsdp/whole_model.h"
 #include "support/expect_error.h"
 #include "fsdp/train_harness.h"
 
@@ -148,6 +150,50 @@ TEST(Checkpoint, SavedAtFourLoadsAtOneTwoAndThree) {
         },
         test_options());
   }
+  remove_tree(dir);
+}
+
+// Export at world 3 (uneven rows), read back whole; import at world 2, each rank its rows.
+TEST(WholeModel, ExportAtThreeImportAtTwo) {
+  const auto dir = fresh_dir("export");
+  ::mkdir(dir.c_str(), 0755);
+  const std::string file = dir + "/model.safetensors";
+  TrainSpec spec = checkpoint_spec();
+  std::map<std::string, at::Tensor> trained;
+  run_local_ranks(
+      3,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 2);
+        auto state = full_state(t, pg);
+        export_safetensors(file, *t.model, pg);
+        if (pg->rank() == 0) trained = state;
+      },
+      test_options());
+  auto exported = read_safetensors(file);
+  ASSERT_EQ(exported.size(), build_model(spec)->named_parameters().size());
+  for (const auto& [name, t] : exported) EXPECT_TRUE(at::equal(t, trained.at(name))) << name;
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        TrainSpec other = spec;
+        other.seed = 7;
+        auto model = build_model(other);
+        shard_model(model, pg);
+        load_safetensors_sharded(file, *model, pg);
+        for (const auto& item : model->named_parameters()) {
+          auto full = gather_full(pg, item.value(), trained.at(item.key()).size(0));
+          if (pg->rank() == 0) EXPECT_TRUE(at::equal(full, trained.at(item.key()))) << item.key();
+        }
+        // A file of another model: refused on every rank, nothing changed.
+        TrainSpec wider = spec;
+        wider.model.dim = 64;
+        auto other_model = build_model(wider);
+        shard_model(other_model, pg);
+        expect_error_containing<CheckpointError>(
+            [&] { load_safetensors_sharded(file, *other_model, pg); },
+            "tensor 'embed.weight' has shape [1001, 60]");
+      },
+      test_options());
   remove_tree(dir);
 }
 

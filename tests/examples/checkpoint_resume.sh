@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints through the trainer, under mpiexec: a run saved after 3 of 6 steps and resumed
 # gives the uninterrupted run's losses (bit for bit at the same world size, within 1e-5 at
-# worlds 4 and 1); a rank killed (SIGKILL) in the middle of a save leaves the previous
+# worlds 4 and 1, and saved at 4 resumed at 2 and 1); a rank killed (SIGKILL) in the middle of a save leaves the previous
 # checkpoint intact and loadable, and the resumed run still matches; the exported safetensors
 # file gives PyTorch's MiniLLM the trainer's loss (within 1e-5). Bad flags exit non-zero.
 #   checkpoint_resume.sh TRAIN_MINILLM PYTHON MPIEXEC [MPIEXEC_FLAGS...]
@@ -43,6 +43,16 @@ compare "$tmp/full.jsonl" "$tmp/r4.jsonl" 1e-5 "resumed at world 4"
 "$bin" "${args[@]}" --steps 6 --save-dir "$tmp/ck1" --resume --metrics-out "$tmp/r1.jsonl" \
   > "$tmp/r1.log" 2>&1 || { cat "$tmp/r1.log"; exit 1; }
 compare "$tmp/full.jsonl" "$tmp/r1.jsonl" 1e-5 "resumed at world 1"
+
+# Saved at world 4, resumed at 2 and 1.
+run 4 first4.log --steps 3 --save-dir "$tmp/from4" || { cat "$tmp/first4.log"; exit 1; }
+cp -r "$tmp/from4" "$tmp/from4b"
+run 2 r42.log --steps 6 --save-dir "$tmp/from4" --resume --metrics-out "$tmp/r42.jsonl" \
+  || { cat "$tmp/r42.log"; exit 1; }
+compare "$tmp/full.jsonl" "$tmp/r42.jsonl" 1e-5 "saved at world 4, resumed at 2"
+"$bin" "${args[@]}" --steps 6 --save-dir "$tmp/from4b" --resume --metrics-out "$tmp/r41.jsonl" \
+  > "$tmp/r41.log" 2>&1 || { cat "$tmp/r41.log"; exit 1; }
+compare "$tmp/full.jsonl" "$tmp/r41.jsonl" 1e-5 "saved at world 4, resumed at 1"
 
 # SIGKILL in the middle of the save of step 4: step 2 stays the latest, and resuming from it
 # reproduces the uninterrupted run; the next save clears the unfinished directory.
