@@ -84,10 +84,12 @@ int resume(const Options& o, minillm::MiniLLMImpl& model, torch::optim::Optimize
     if (lead) fmt::print("resume: no checkpoint in {}; starting at step 0\n", o.save_dir);
     return 0;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   auto info = fsdp::load_checkpoint(*latest, model, &opt, dist.group);
   if (lead) {
-    fmt::print("resume: {} (step {}, saved by {} ranks)\n", info.path, info.step,
-               info.world_size);
+    fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path,
+               info.step, info.world_size,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return static_cast<int>(info.step);
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 #include "fsdp/checkpoint.h"
 
@@ -102,7 +103,8 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
   const int64_t rb = row_bytes(t.shape, t.dtype);
   char* out = static_cast<char*>(dst.data_ptr());
   int64_t covered = 0;
-  std::vector<char> buffer;
+  std::unique_ptr<char[]> scratch;  // for chunks that reach beyond the rows needed
+  int64_t scratch_bytes = 0;
   for (const auto& s : t.rows) {
     const int64_t lo = std::max(begin, s.row_begin), hi = std::min(end, s.row_end);
     if (lo >= hi) continue;
@@ -116,23 +118,32 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
     const int64_t last_row = std::min(s.row_end, s.row_begin + (c1 + 1) * s.chunk_rows);
     const int64_t nbytes = (last_row - first_row) * rb;
     const int64_t at = s.offset + (first_row - s.row_begin) * rb;
-    buffer.resize(static_cast<size_t>(nbytes));
-    if (!read_all(file.fd(), buffer.data(), nbytes, at, path)) {
+    // Rows that are exactly whole chunks (the same world size, or a multiple of it) are read
+    // straight into the destination; others through a scratch buffer.
+    const bool direct = first_row == lo && last_row == hi;
+    if (!direct && scratch_bytes < nbytes) {
+      scratch.reset(new char[static_cast<size_t>(nbytes)]);  // not zero-filled: read over
+      scratch_bytes = nbytes;
+    }
+    char* buffer = direct ? out + (lo - begin) * rb : scratch.get();
+    if (!read_all(file.fd(), buffer, nbytes, at, path)) {
       throw CheckpointError(fmt::format(
           "{} is truncated: tensor '{}' needs bytes {}..{} of it", path, t.name, at, at + nbytes));
     }
     for (int64_t c = c0; c <= c1; ++c) {
       const int64_t row = s.row_begin + c * s.chunk_rows;
       const int64_t bytes = (std::min(s.row_end, row + s.chunk_rows) - row) * rb;
-      const char* chunk = buffer.data() + (row - first_row) * rb;
+      const char* chunk = buffer + (row - first_row) * rb;
       if (crc32_fast(chunk, static_cast<size_t>(bytes)) != s.crc32[c]) {
         throw CheckpointError(fmt::format(
             "{}: checksum mismatch in tensor '{}', rows {}..{} (the file is corrupted)", path,
             t.name, row, row + bytes / std::max<int64_t>(rb, 1)));
       }
     }
-    std::memcpy(out + (lo - begin) * rb, buffer.data() + (lo - first_row) * rb,
-                static_cast<size_t>((hi - lo) * rb));
+    if (!direct) {
+      std::memcpy(out + (lo - begin) * rb, buffer + (lo - first_row) * rb,
+                  static_cast<size_t>((hi - lo) * rb));
+    }
   }
   if (covered != end - begin) {
     throw CheckpointError(fmt::format(
