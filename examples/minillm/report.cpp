@@ -81,7 +81,7 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
   peak_mem_ = max_over_ranks(pg, mem, dist_.device);
   const double loss_value = global_loss.item<double>();
   const double tokens_per_s = o_.batch * o_.seq / step_s;
-  if (step == 0) first_loss_ = loss_value;
+  if (step_times_.empty()) first_loss_ = loss_value;  // the first step run (resumed: not 0)
   last_loss_ = loss_value;
   step_times_.push_back(step_s);
   token_rates_.push_back(tokens_per_s);

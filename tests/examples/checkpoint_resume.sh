@@ -37,6 +37,9 @@ run 2 r2.log --steps 6 --save-dir "$tmp/ck2" --resume --metrics-out "$tmp/r2.jso
 grep -q "resume: .*step_0000000003 (step 3, saved by 2 ranks)" "$tmp/r2.log" \
   || { echo "no resume line:"; cat "$tmp/r2.log"; fail=1; }
 compare "$tmp/full.jsonl" "$tmp/r2.jsonl" 0 "resumed at world 2 (bit-identical)"
+# The summary's first loss is the first step run (3), not an unset 0.
+grep -q "^done: loss $(printf '%.4f' "$(losses "$tmp/r2.jsonl" | head -1)") ->" "$tmp/r2.log" \
+  || { echo "summary of the resumed run:"; grep '^done' "$tmp/r2.log"; fail=1; }
 run 4 r4.log --steps 6 --save-dir "$tmp/ck4" --resume --metrics-out "$tmp/r4.jsonl" \
   || { cat "$tmp/r4.log"; exit 1; }
 compare "$tmp/full.jsonl" "$tmp/r4.jsonl" 1e-5 "resumed at world 4"
