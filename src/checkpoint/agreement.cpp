@@ -30,6 +30,16 @@ std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string&
   return out;
 }
 
+std::string current_exception_message() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 void agree_or_throw(ProcessGroup& pg, const std::string& what, const std::string& error) {
   auto all = all_gather_strings(pg, error);
   std::string message;

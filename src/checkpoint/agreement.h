@@ -13,6 +13,9 @@ namespace fsdp::detail {
 // Every rank's string, in rank order (two all-gathers: the lengths, then the padded bytes).
 std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine);
 
+// The message of the exception being handled (call inside a catch block).
+std::string current_exception_message();
+
 // Collective: throws CheckpointError on every rank when any rank's `error` is not empty; the
 // message is "<what>: rank r: <error>" for each failed rank.
 void agree_or_throw(ProcessGroup& pg, const std::string& what, const std::string& error);

@@ -41,16 +41,6 @@ constexpr const char* kTmpPrefix = ".tmp-";
 
 std::string step_dir_name(int64_t step) { return fmt::format("{}{:010d}", kStepPrefix, step); }
 
-std::string current_error() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 // Test hook for crash safety: FSDP_TEST_KILL_IN_SAVE=<step> makes rank 0 kill itself with
 // SIGKILL while saving that step, after every rank's data is on disk and before the manifest
 // (the worst moment: everything written but not yet a checkpoint). ctest checkpoint_resume.
@@ -210,7 +200,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
       detail::make_directories(tmp);
     }
   } catch (...) {
-    error = current_error();
+    error = detail::current_exception_message();
   }
   detail::agree_or_throw(g, what, error);
 
@@ -218,7 +208,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
   try {
     entries = detail::manifest_to_json(write_rank_file(tmp, rank, shards, model, optimizer, kind));
   } catch (...) {
-    error = current_error();
+    error = detail::current_exception_message();
   }
   detail::agree_or_throw(g, what, error);
 
@@ -239,7 +229,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
         }
       }
     } catch (...) {
-      error = current_error();
+      error = detail::current_exception_message();
     }
   }
   detail::agree_or_throw(g, what, error);
@@ -348,7 +338,7 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     m = detail::manifest_from_json(read_text_file(manifest_path), manifest_path);
     staged = stage(dir, m, model, optimizer);
   } catch (...) {
-    error = current_error();
+    error = detail::current_exception_message();
   }
   detail::agree_or_throw(*pg, fmt::format("load_checkpoint {}", path), error);
   // Every rank has everything: apply.

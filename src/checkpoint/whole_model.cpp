@@ -16,16 +16,6 @@
 namespace fsdp {
 namespace {
 
-std::string current_error() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 // The full tensor of a sharded parameter, on every rank (one all-gather of padded rows).
 at::Tensor gather_full(ProcessGroup& pg, const detail::LocalShard& s) {
   if (s.replicated) return s.tensor.detach();
@@ -76,7 +66,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
       writer = std::make_unique<SafetensorsWriter>(tmp, std::move(specs), options.metadata);
     }
   } catch (...) {
-    error = current_error();
+    error = detail::current_exception_message();
   }
   detail::agree_or_throw(g, what, error);
   // Every rank joins every gather; a write error on rank 0 is reported after the last one.
@@ -86,7 +76,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
     try {
       writer->write_next(full.to(export_dtype(s.tensor, options)));
     } catch (...) {
-      error = current_error();
+      error = detail::current_exception_message();
     }
   }
   if (writer_rank && error.empty()) {
@@ -99,7 +89,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
         throw CheckpointError(fmt::format("cannot rename {} to {}", tmp, path));
       }
     } catch (...) {
-      error = current_error();
+      error = detail::current_exception_message();
     }
   }
   if (writer_rank && !error.empty()) std::remove(tmp.c_str());
@@ -146,7 +136,7 @@ void load_safetensors_sharded(const std::string& path, torch::nn::Module& model,
       }
     }
   } catch (...) {
-    error = current_error();
+    error = detail::current_exception_message();
   }
   detail::agree_or_throw(*pg, fmt::format("load_safetensors_sharded {}", path), error);
   at::NoGradGuard no_grad;

@@ -182,7 +182,9 @@ TEST(WholeModel, ExportAtThreeImportAtTwo) {
         load_safetensors_sharded(file, *model, pg);
         for (const auto& item : model->named_parameters()) {
           auto full = gather_full(pg, item.value(), trained.at(item.key()).size(0));
-          if (pg->rank() == 0) EXPECT_TRUE(at::equal(full, trained.at(item.key()))) << item.key();
+          if (pg->rank() == 0) {
+            EXPECT_TRUE(at::equal(full, trained.at(item.key()))) << item.key();
+          }
         }
         // A file of another model: refused on every rank, nothing changed.
         TrainSpec wider = spec;
@@ -229,6 +231,66 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
   // is not a checkpoint and is left alone (it may be a user's).
   EXPECT_EQ(names, (std::vector<std::string>{"step_0000000004", "step_0000000005",
                                              "step_0000000007"}));
+  remove_tree(dir);
+}
+
+// SGD's momentum buffers reshard like AdamW's moments: saved at 3, loaded at 2.
+TEST(Checkpoint, SgdMomentumReshards) {
+  const auto dir = fresh_dir("sgd");
+  TrainSpec spec;
+  std::map<std::string, at::Tensor> saved;
+  std::string path;
+  auto sgd_run = [&](const ProcessGroupPtr& pg, Unit<TinyLM>& root, int steps) {
+    auto opt = std::make_unique<torch::optim::SGD>(
+        root.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    const int64_t local = spec.batch / pg->size();
+    for (int step = 0; step < steps; ++step) {
+      auto [tokens, targets] = global_batch(spec, step);
+      opt->zero_grad();
+      loss_of(root(rank_slice(tokens, pg, local)), rank_slice(targets, pg, local),
+              spec.model.output_size())
+          .backward();
+      opt->step();
+    }
+    return opt;
+  };
+  auto momenta = [&](const ProcessGroupPtr& pg, TinyLM& model, torch::optim::SGD& opt) {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& item : model->named_parameters()) {
+      auto rows = at::full({1}, item.value().size(0), at::kLong);
+      pg->all_reduce(rows, ReduceOp::kSum)->wait();
+      auto& st = static_cast<torch::optim::SGDParamState&>(
+          *opt.state().at(item.value().unsafeGetTensorImpl()));
+      out[item.key()] = gather_full(pg, st.momentum_buffer(), rows.item<int64_t>());
+    }
+    return out;
+  };
+  run_local_ranks(
+      3,
+      [&](const ProcessGroupPtr& pg) {
+        auto model = build_model(spec);
+        auto root = shard_model(model, pg);
+        auto opt = sgd_run(pg, root, 2);
+        auto m = momenta(pg, model, *opt);
+        auto p = save_checkpoint(dir, 2, *model, opt.get(), pg);
+        if (pg->rank() == 0) saved = m, path = p;
+      },
+      test_options());
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto model = build_model(spec);
+        auto root = shard_model(model, pg);
+        auto opt = sgd_run(pg, root, 1);
+        load_checkpoint(path, *model, opt.get(), pg);
+        auto m = momenta(pg, model, *opt);
+        if (pg->rank() == 0) expect_same(m, saved, "sgd momentum");
+        // An AdamW cannot take SGD's state.
+        torch::optim::AdamW adamw(root.parameters());
+        expect_error_containing<CheckpointError>(
+            [&] { load_checkpoint(path, *model, &adamw, pg); }, "optimizer 'sgd', not of 'adamw'");
+      },
+      test_options());
   remove_tree(dir);
 }
 
