@@ -90,7 +90,7 @@ double train_flops_per_token(const Config& c, int64_t seq) {
 }
 
 int64_t parameter_count(const Config& c) {
-  const int64_t block = 2 * c.dim                       // norm1, norm2
+  const int64_t block = 2 * c.dim                        // norm1, norm2
                         + 3 * c.dim * c.dim + 3 * c.dim  // in_proj weight and bias
                         + c.dim * c.dim + c.dim          // out_proj
                         + 2 * 4 * c.dim * c.dim;         // ffn

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 namespace minillm {
 namespace {
@@ -68,6 +69,10 @@ std::string check(const Options& o, int world_size) {
   }
   if (o.resume && !o.init_from.empty()) {
     return "--resume and --init-from both set the weights: give one";
+  }
+  if (o.profile_last >= o.steps) {
+    return fmt::format("--profile-steps {}:{} reaches past the last step ({} steps, 0-based)",
+                       o.profile_first, o.profile_last, o.steps);
   }
   if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
   if (o.data != "auto" && o.data != "synthetic") {
@@ -162,6 +167,13 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  std::string profile_steps;
+  app.add_option("--profile-steps", profile_steps,
+                 "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
+                 "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
+                 "operators and FSDP's communication figures");
+  app.add_option("--profile-dir", o.profile_dir, "Where --profile-steps writes its traces")
+      ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
@@ -178,6 +190,19 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   } catch (const CLI::ParseError& e) {
     return {std::nullopt, 2,
             fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  }
+  if (!profile_steps.empty()) {
+    int a = -1, b = -1;
+    char colon = 0;
+    std::istringstream in(profile_steps);
+    if (!(in >> a >> colon >> b) || colon != ':' || !in.eof() || a < 0 || b < a) {
+      return {std::nullopt, 2,
+              fmt::format("error: --profile-steps {}: expected A:B with 0 <= A <= B (steps A to "
+                          "B, 0-based), e.g. 2:4",
+                          profile_steps)};
+    }
+    o.profile_first = a;
+    o.profile_last = b;
   }
   const Preset& p = presets().at(o.preset);
   o.model.vocab = vocab.value_or(p.model.vocab);

@@ -24,17 +24,19 @@ struct Options {
   int threads = 0;        // intra-op threads per rank; 0: cores / local ranks
   bool reshard_after_forward = true;
   std::string optimizer = "fused-adamw";  // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
-  double clip_grad_norm = 0;  // > 0: clip gradients to this global 2-norm before each step
-  int grad_accum = 1;         // micro-batches per step, the rank's batch split evenly
+  double clip_grad_norm = 0;     // > 0: clip gradients to this global 2-norm before each step
+  int grad_accum = 1;            // micro-batches per step, the rank's batch split evenly
   bool grad_accum_sync = false;  // reduce-scatter after every micro-batch instead of once
   bool activation_checkpointing = false;  // recompute each block's activations in backward
-  bool init_full_model = false;  // build the whole model, then shard
-  std::string save_dir;          // sharded checkpoints go here
-  int save_every = 0;            // steps between checkpoints (0: only at the end)
-  int keep = 0;                  // checkpoints kept (0: all)
-  bool resume = false;           // start from the latest checkpoint in save_dir
-  std::string export_path;       // safetensors file of the trained model
+  bool init_full_model = false;           // build the whole model, then shard
+  std::string save_dir;                   // sharded checkpoints go here
+  int save_every = 0;                     // steps between checkpoints (0: only at the end)
+  int keep = 0;                           // checkpoints kept (0: all)
+  bool resume = false;                    // start from the latest checkpoint in save_dir
+  std::string export_path;                // safetensors file of the trained model
   std::string export_dtype = "fp32";
+  int profile_first = -1, profile_last = -1;  // --profile-steps A:B (inclusive); -1: off
+  std::string profile_dir = "profile";
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

@@ -50,8 +50,7 @@ void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_pea
       "(ZeRO-3: 16 bytes/param / {})\n",
       mib(shard_bytes), mib(3 * shard_bytes), world);
   fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",
-             o_.init_full_model ? "whole model, then sharded"
-                                                         : "each block sharded as it is built",
+             o_.init_full_model ? "whole model, then sharded" : "each block sharded as it is built",
              mib(startup_peak));
   fmt::print("data: {} | global batch {} sequences ({} per rank{}) | {} steps{}\n", data, o_.batch,
              o_.batch / world,

@@ -87,11 +87,34 @@ int resume(const Options& o, minillm::MiniLLMImpl& model, torch::optim::Optimize
   const auto t0 = std::chrono::steady_clock::now();
   auto info = fsdp::load_checkpoint(*latest, model, &opt, dist.group);
   if (lead) {
-    fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path,
-               info.step, info.world_size,
+    fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path, info.step,
+               info.world_size,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return static_cast<int>(info.step);
+}
+
+// End of --profile-steps: each rank writes its trace; rank 0 prints the operator table and
+// the communication figures read from its trace, beside the trainer's own exposed time.
+void report_profile(const Options& o, const fsdp::Distributed& dist, double trainer_exposed_s,
+                    const fsdp::CollectiveStats& before) {
+  const int rank = dist.group->rank();
+  const auto after = dist.group->stats();
+  std::filesystem::create_directories(o.profile_dir);
+  const std::string path = fmt::format("{}/rank{}.json", o.profile_dir, rank);
+  auto summary = fsdp::stop_profiling(path);
+  if (rank != 0) return;
+  fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
+             o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
+  fmt::print(
+      "profile: communication {:.1f} ms on the comm thread, exposed (training thread waiting) "
+      "{:.1f} ms (the trainer's own count: {:.1f} ms), overlap {:.0f}%\n",
+      summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s, 100 * summary.overlap);
+  auto issued = [&](fsdp::CollectiveKind k) { return after.count(k) - before.count(k); };
+  fmt::print(
+      "profile: the process group issued {} all-gathers, {} reduce-scatters, {} all-reduces\n",
+      issued(fsdp::CollectiveKind::kAllGather), issued(fsdp::CollectiveKind::kReduceScatter),
+      issued(fsdp::CollectiveKind::kAllReduce));
 }
 
 // A checkpoint after `steps_done` steps.
@@ -129,10 +152,17 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
                 startup_peak, data->describe());
 
   const int start = resume(o, *root.module(), *opt, dist);
+  double profile_comm_before = 0;
+  fsdp::CollectiveStats profile_stats_before;
   const int64_t micro = local_batch / o.grad_accum;
   for (int step = start; step < o.steps; ++step) {
     auto batch = data->slice(step, rank * local_batch, local_batch);
     auto tokens = batch.tokens.to(dist.device), targets = batch.targets.to(dist.device);
+    if (step == o.profile_first) {
+      profile_comm_before = root.comm_stats().exposed_seconds;
+      profile_stats_before = dist.group->stats();
+      fsdp::start_profiling();
+    }
     report.start_step(root.comm_stats());
     opt->zero_grad();
     // Micro-batches: gradients accumulate unsharded and are reduced with the last one (or
@@ -154,6 +184,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     }
     opt->step();
     report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());
+    if (step == o.profile_last) {
+      report_profile(o, dist, root.comm_stats().exposed_seconds - profile_comm_before,
+                     profile_stats_before);
+    }
     const int done = step + 1;
     const bool last = done == o.steps;
     if (!o.save_dir.empty() && ((o.save_every > 0 && done % o.save_every == 0) || last)) {

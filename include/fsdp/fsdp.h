@@ -15,6 +15,7 @@
 #include "fsdp/memory_stats.h"
 #include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
+#include "fsdp/profiler.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/sharding.h"
 #include "fsdp/whole_model.h"

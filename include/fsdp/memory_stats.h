@@ -10,7 +10,7 @@ struct MemoryStats {
   int64_t sharded_grad_bytes = 0;   // this rank's gradient shards now held
   // Full gradients kept unsharded while gradient sync is off (set_requires_gradient_sync).
   int64_t unsharded_grad_bytes = 0;
-  int64_t full_param_bytes = 0;     // full (gathered) parameters alive now
+  int64_t full_param_bytes = 0;  // full (gathered) parameters alive now
   int64_t peak_full_param_bytes = 0;
   int64_t comm_buffer_bytes = 0;  // all-gather and reduce-scatter buffers alive now
   int64_t peak_comm_buffer_bytes = 0;

@@ -44,7 +44,8 @@ void agree_or_throw(ProcessGroup& pg, const std::string& what, const std::string
   auto all = all_gather_strings(pg, error);
   std::string message;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty()) message += fmt::format("{}rank {}: {}", message.empty() ? "" : "; ", r, all[r]);
+    if (!all[r].empty())
+      message += fmt::format("{}rank {}: {}", message.empty() ? "" : "; ", r, all[r]);
   }
   if (!message.empty()) throw CheckpointError(fmt::format("{}: {}", what, message));
 }

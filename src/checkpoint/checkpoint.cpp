@@ -89,7 +89,8 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   std::vector<std::pair<int64_t, std::string>> out;
   for (const auto& name : detail::list_directory(dir)) {
     const std::string path = join(dir, name);
-    if (name.rfind(kStepPrefix, 0) != 0 || !detail::path_exists(join(path, detail::kManifestName))) {
+    if (name.rfind(kStepPrefix, 0) != 0 ||
+        !detail::path_exists(join(path, detail::kManifestName))) {
       continue;
     }
     try {
@@ -257,7 +258,9 @@ at::Tensor read_local(const std::string& dir, const StoredTensor& t, int64_t beg
   return staged;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module& model,
              const torch::optim::Optimizer* optimizer) {
@@ -276,16 +279,16 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
     }
     const StoredTensor& t = *it->second;
     if (t.dtype != dtype || t.shape != shape) {
-      throw CheckpointError(fmt::format(
-          "tensor '{}' is {} {} in {}, the model's is {} {}", name, c10::toString(t.dtype),
-          shape_str(t.shape), dir, c10::toString(dtype), shape_str(shape)));
+      throw CheckpointError(fmt::format("tensor '{}' is {} {} in {}, the model's is {} {}", name,
+                                        c10::toString(t.dtype), shape_str(t.shape), dir,
+                                        c10::toString(dtype), shape_str(shape)));
     }
     expected.insert(name);
     return t;
   };
   if (optimizer && m.optimizer != kind) {
-    throw CheckpointError(fmt::format("{} holds the state of optimizer '{}', not of '{}'",
-                                      dir, m.optimizer, kind));
+    throw CheckpointError(
+        fmt::format("{} holds the state of optimizer '{}', not of '{}'", dir, m.optimizer, kind));
   }
   for (const auto& s : shards) {
     const auto& t = find(s.name, s.tensor.scalar_type(), s.full_shape);
@@ -311,14 +314,15 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
   for (const auto& b : model.named_buffers(/*recurse=*/true)) {
     if (!b.value().defined()) continue;
     const auto& t = find(b.key(), b.value().scalar_type(), b.value().sizes().vec());
-    out.copies.emplace_back(b.value(), read_local(dir, t, 0, b.value().dim() == 0 ? 1 : b.value().size(0), b.value()));
+    out.copies.emplace_back(
+        b.value(), read_local(dir, t, 0, b.value().dim() == 0 ? 1 : b.value().size(0), b.value()));
   }
   for (const auto& t : m.tensors) {
     const bool state = t.name.find('#') != std::string::npos;
     if (!expected.count(t.name) && !(state && !optimizer)) {
       throw CheckpointError(fmt::format(
-          "{} holds '{}', which the model does not have (or the optimizer does not use)",
-          dir, t.name));
+          "{} holds '{}', which the model does not have (or the optimizer does not use)", dir,
+          t.name));
     }
   }
   return out;

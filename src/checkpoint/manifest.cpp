@@ -14,7 +14,7 @@ constexpr int kFormatVersion = 1;
 
 const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
   static const std::vector<std::pair<at::ScalarType, const char*>> names = {
-      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
       {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
       {at::kByte, "U8"},    {at::kBool, "BOOL"}};
   return names;
@@ -118,8 +118,8 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
             r.nbytes != n * rb || r.chunk_rows < 1 ||
             static_cast<int64_t>(r.crc32.size()) != (n + r.chunk_rows - 1) / r.chunk_rows ||
             r.file.empty() || r.file.find('/') != std::string::npos) {
-          throw fail(fmt::format("{}: inconsistent stored rows of rank {} in {}", where, r.rank,
-                                 r.file));
+          throw fail(
+              fmt::format("{}: inconsistent stored rows of rank {} in {}", where, r.rank, r.file));
         }
         t.rows.push_back(std::move(r));
       }

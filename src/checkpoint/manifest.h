@@ -34,7 +34,7 @@ struct Manifest {
   int64_t step = 0;
   std::string library_version;
   std::map<std::string, std::string> metadata;
-  std::string optimizer = "none";  // none | adamw | sgd
+  std::string optimizer = "none";                  // none | adamw | sgd
   std::map<std::string, int64_t> optimizer_steps;  // AdamW's step count per parameter name
   std::vector<StoredTensor> tensors;
 };

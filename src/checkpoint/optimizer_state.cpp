@@ -13,10 +13,10 @@ std::string optimizer_kind(const torch::optim::Optimizer* optimizer) {
   if (!optimizer) return "none";
   if (dynamic_cast<const torch::optim::AdamW*>(optimizer)) return "adamw";
   if (dynamic_cast<const torch::optim::SGD*>(optimizer)) return "sgd";
-  throw CheckpointError(fmt::format(
-      "checkpoints hold the state of torch::optim::AdamW (fsdp::FusedAdamW too) and "
-      "torch::optim::SGD; this optimizer is {}",
-      c10::demangle(typeid(*optimizer).name())));
+  throw CheckpointError(
+      fmt::format("checkpoints hold the state of torch::optim::AdamW (fsdp::FusedAdamW too) and "
+                  "torch::optim::SGD; this optimizer is {}",
+                  c10::demangle(typeid(*optimizer).name())));
 }
 
 const std::vector<std::string>& state_names(const std::string& kind) {

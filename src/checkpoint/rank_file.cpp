@@ -93,8 +93,10 @@ StoredRows RankFileWriter::append(const at::Tensor& rows, int64_t row_begin,
 }
 
 void RankFileWriter::finish() {
-  if (::fsync(fd_) != 0) throw CheckpointError(fmt::format("cannot fsync {}: {}", path_, os_error()));
-  if (::close(fd_) != 0) throw CheckpointError(fmt::format("cannot close {}: {}", path_, os_error()));
+  if (::fsync(fd_) != 0)
+    throw CheckpointError(fmt::format("cannot fsync {}: {}", path_, os_error()));
+  if (::close(fd_) != 0)
+    throw CheckpointError(fmt::format("cannot close {}: {}", path_, os_error()));
   fd_ = -1;
 }
 
@@ -127,17 +129,17 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
     }
     char* buffer = direct ? out + (lo - begin) * rb : scratch.get();
     if (!read_all(file.fd(), buffer, nbytes, at, path)) {
-      throw CheckpointError(fmt::format(
-          "{} is truncated: tensor '{}' needs bytes {}..{} of it", path, t.name, at, at + nbytes));
+      throw CheckpointError(fmt::format("{} is truncated: tensor '{}' needs bytes {}..{} of it",
+                                        path, t.name, at, at + nbytes));
     }
     for (int64_t c = c0; c <= c1; ++c) {
       const int64_t row = s.row_begin + c * s.chunk_rows;
       const int64_t bytes = (std::min(s.row_end, row + s.chunk_rows) - row) * rb;
       const char* chunk = buffer + (row - first_row) * rb;
       if (crc32_fast(chunk, static_cast<size_t>(bytes)) != s.crc32[c]) {
-        throw CheckpointError(fmt::format(
-            "{}: checksum mismatch in tensor '{}', rows {}..{} (the file is corrupted)", path,
-            t.name, row, row + bytes / std::max<int64_t>(rb, 1)));
+        throw CheckpointError(
+            fmt::format("{}: checksum mismatch in tensor '{}', rows {}..{} (the file is corrupted)",
+                        path, t.name, row, row + bytes / std::max<int64_t>(rb, 1)));
       }
     }
     if (!direct) {

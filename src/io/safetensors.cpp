@@ -51,8 +51,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> 
   for (const auto& spec : specs_) {
     FSDP_CHECK_ARG(!spec.name.empty() && spec.name != "__metadata__",
                    "write_safetensors({}): invalid tensor name '{}'", path, spec.name);
-    FSDP_CHECK_ARG(names.insert(spec.name).second,
-                   "write_safetensors({}): tensor '{}' given twice", path, spec.name);
+    FSDP_CHECK_ARG(names.insert(spec.name).second, "write_safetensors({}): tensor '{}' given twice",
+                   path, spec.name);
     uint64_t bytes = c10::elementSize(spec.dtype);
     for (auto d : spec.shape) bytes *= static_cast<uint64_t>(d);
     header[spec.name] = {{"dtype", dtype_name(spec.dtype)},
@@ -70,8 +70,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> 
 }
 
 void SafetensorsWriter::write_next(const at::Tensor& tensor) {
-  FSDP_CHECK_ARG(next_ < specs_.size(), "write_safetensors({}): more tensors than declared",
-                 path_);
+  FSDP_CHECK_ARG(next_ < specs_.size(), "write_safetensors({}): more tensors than declared", path_);
   const Spec& spec = specs_[next_];
   FSDP_CHECK_ARG(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape,
                  "write_safetensors({}): tensor '{}' is {} {}, declared {} {}", path_, spec.name,
@@ -205,7 +204,8 @@ NamedTensors read_safetensors(const std::string& path,
     auto t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
     in.seekg(static_cast<std::streamoff>(e.offset));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.nbytes));
-    if (!in) malformed(path, fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.nbytes));
+    if (!in)
+      malformed(path, fmt::format("tensor '{}': reading its {} bytes failed", e.name, e.nbytes));
     out.emplace_back(e.name, std::move(t));
   }
   return out;
@@ -226,7 +226,9 @@ at::Tensor read_safetensors_rows(const std::string& path, const SafetensorsEntry
   in.seekg(static_cast<std::streamoff>(entry.offset + row_begin * row_bytes));
   in.read(static_cast<char*>(t.data_ptr()),
           static_cast<std::streamsize>((row_end - row_begin) * row_bytes));
-  if (!in) malformed(path, fmt::format("tensor '{}': reading rows {}..{} failed", entry.name, row_begin, row_end));
+  if (!in)
+    malformed(path, fmt::format("tensor '{}': reading rows {}..{} failed", entry.name, row_begin,
+                                row_end));
   return t;
 }
 

@@ -14,6 +14,7 @@
 // (UnitState::pre_forward).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -80,6 +81,7 @@ struct Recompute : torch::CustomClassHolder {
 // set to the first run's states and put back afterwards.
 std::vector<at::Tensor> recompute(UnitState& state, const Recompute& r,
                                   const std::vector<at::Tensor>& inputs) {
+  RECORD_FUNCTION("fsdp::recompute", std::vector<c10::IValue>());
   RngStates current = r.rng.now();
   state.begin_recompute();
   r.rng.restore();
@@ -115,8 +117,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto r = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data["recompute"].toCapsule());
+    auto r =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
     auto state = r->state.lock();
     if (!state) {
       throw InvalidArgument(
@@ -159,7 +161,8 @@ std::vector<at::Tensor> run_checkpointed(UnitState& state, const std::vector<at:
   r->forward = std::move(forward);
   torch::autograd::variable_list args = inputs;
   auto anchor_options = at::TensorOptions().dtype(at::kFloat);
-  if (!inputs.empty() && inputs.front().defined()) anchor_options = anchor_options.device(inputs.front().device());
+  if (!inputs.empty() && inputs.front().defined())
+    anchor_options = anchor_options.device(inputs.front().device());
   args.push_back(at::empty({0}, anchor_options).requires_grad_(true));
   return CheckpointFunction::apply(at::TensorList(args), std::move(r));
 }

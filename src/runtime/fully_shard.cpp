@@ -268,10 +268,10 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
 }
 
 void throw_not_checkpointable(const char* output_type) {
-  throw InvalidArgument(fmt::format(
-      "fsdp: activation_checkpointing needs the unit's forward to return a Tensor, a "
-      "std::vector<Tensor> or a std::tuple of Tensors; this one returns {}",
-      c10::demangle(output_type)));
+  throw InvalidArgument(
+      fmt::format("fsdp: activation_checkpointing needs the unit's forward to return a Tensor, a "
+                  "std::vector<Tensor> or a std::tuple of Tensors; this one returns {}",
+                  c10::demangle(output_type)));
 }
 
 void throw_not_sharded(const char* what) {

@@ -1,5 +1,6 @@
 #include "runtime/param_group.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -10,6 +11,9 @@
 
 namespace fsdp::detail {
 namespace {
+
+// A named range in libtorch's profiler (Chrome/Perfetto traces) around the enclosing scope.
+#define FSDP_RANGE(name) RECORD_FUNCTION(name, std::vector<c10::IValue>())
 
 // Runs after autograd accumulated a full parameter's gradient: a post hook of its
 // AccumulateGrad node (post-accumulate-grad hooks exist only from libtorch 2.1).
@@ -56,9 +60,13 @@ void ParamGroup::attach(Accounting* acct) {
 
 void ParamGroup::unshard_async() {
   if (state_ != State::kSharded || params_.empty() || passthrough_) return;
+  FSDP_RANGE("fsdp::all_gather");
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
   gather_in_ = acct_->pool->take(gather_layout_.total, opts);  // copy-in writes every element
-  all_gather_copy_in(params_, gather_layout_, gather_in_);
+  {
+    FSDP_RANGE("fsdp::all_gather_copy_in");
+    all_gather_copy_in(params_, gather_layout_, gather_in_);
+  }
   gather_out_ = acct_->pool->take(pg_->size() * gather_layout_.total, opts);
   acct_->add_comm(bytes_of(gather_in_) + bytes_of(gather_out_));
   gather_work_ = pg_->all_gather(gather_out_, gather_in_);
@@ -73,10 +81,14 @@ void ParamGroup::wait_unshard() {
   if (state_ == State::kFull) return;
   if (state_ == State::kSharded) unshard_async();
   {
+    FSDP_RANGE("fsdp::all_gather_wait");
     ExposedCommTimer timer(*acct_);
     gather_work_->wait();
   }
-  all_gather_copy_out(params_, gather_layout_, gather_out_, pg_->size());
+  {
+    FSDP_RANGE("fsdp::all_gather_copy_out");
+    all_gather_copy_out(params_, gather_layout_, gather_out_, pg_->size());
+  }
   release_gather_buffers();
   state_ = State::kFull;
 }
@@ -126,11 +138,15 @@ bool ParamGroup::post_backward(bool reduce) {
     reshard();
     return false;
   }
+  FSDP_RANGE("fsdp::reduce_scatter");
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
   // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.
   auto in = acct_->pool->take(world * reduce_layout_.total, opts);
-  reduced_had_grad_ = reduce_scatter_copy_in(params_, reduce_layout_, in, world);
+  {
+    FSDP_RANGE("fsdp::reduce_scatter_copy_in");
+    reduced_had_grad_ = reduce_scatter_copy_in(params_, reduce_layout_, in, world);
+  }
   const bool any = std::find(reduced_had_grad_.begin(), reduced_had_grad_.end(), true) !=
                    reduced_had_grad_.end();
   reshard();   // full gradients are gone; full parameters are no longer needed
@@ -148,10 +164,14 @@ bool ParamGroup::post_backward(bool reduce) {
 void ParamGroup::finish_reduce() {
   if (reduce_work_) {
     {
+      FSDP_RANGE("fsdp::reduce_scatter_wait");
       ExposedCommTimer timer(*acct_);
       reduce_work_->wait();
     }
-    reduce_scatter_copy_out(params_, reduce_layout_, reduce_out_, reduced_had_grad_);
+    {
+      FSDP_RANGE("fsdp::reduce_scatter_copy_out");
+      reduce_scatter_copy_out(params_, reduce_layout_, reduce_out_, reduced_had_grad_);
+    }
     reduce_work_.reset();  // the backend's last reference to the buffers
     acct_->add_comm(-(bytes_of(reduce_in_) + bytes_of(reduce_out_)));
     acct_->pool->give(std::move(reduce_in_));

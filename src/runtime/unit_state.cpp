@@ -1,5 +1,6 @@
 #include "runtime/unit_state.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -10,6 +11,9 @@
 #include "runtime/post_backward_function.h"
 
 namespace fsdp::detail {
+
+// A named range in libtorch's profiler around the enclosing scope (FSDP's phases in traces).
+#define FSDP_RANGE(name) RECORD_FUNCTION(name, std::vector<c10::IValue>())
 
 UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGroupPtr pg,
                      FullyShardOptions options,
@@ -79,6 +83,7 @@ bool UnitState::reshard_after_forward() const {
 }
 
 void UnitState::pre_forward() {
+  FSDP_RANGE("fsdp::pre_forward");
   if (ctx_->recompute_depth > 0) {
     // Inside a checkpointed unit's recompute: gather for the backward that follows; the
     // forward order (prefetch) belongs to the real forward.
@@ -141,6 +146,7 @@ void UnitState::on_input_grad() {
 
 void UnitState::run_post_backward() {
   if (backward_.post_backward_done) return;
+  FSDP_RANGE("fsdp::post_backward");
   backward_.post_backward_done = true;
   if (group_->post_backward(requires_gradient_sync_)) track_reduction(group_.get());
 }
@@ -174,6 +180,7 @@ void UnitState::post_forward_output(at::Tensor& output) {
 }
 
 void UnitState::post_forward() {
+  FSDP_RANGE("fsdp::post_forward");
   // In a recompute the backward follows at once: keep the parameters, leave the order alone.
   if (ctx_->recompute_depth > 0) return;
   if (is_root() && at::GradMode::is_enabled()) check_checkpointed_units_ran();
@@ -186,6 +193,7 @@ void UnitState::post_forward() {
 void UnitState::pre_backward() {
   ensure_final_callback();
   if (backward_.pre_backward_done) return;
+  FSDP_RANGE("fsdp::pre_backward");
   backward_.pre_backward_done = true;
   group_->wait_unshard();
   // Backward prefetch: backward visits units in reverse post-forward order; start the gather
@@ -223,6 +231,7 @@ void UnitState::ensure_final_callback() {
 }
 
 void UnitState::final_callback() {
+  FSDP_RANGE("fsdp::end_of_backward");
   TreeContext& ctx = *ctx_;
   // Same order on every rank (tree order): units whose gradients were incomplete (unused or
   // frozen parameters) reduce what they have, then every reduction is waited for.

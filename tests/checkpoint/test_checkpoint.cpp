@@ -1,21 +1,20 @@
 // Sharded checkpoints over thread ranks: saved at world 4 and loaded at 1, 2 and 3 (parameters
 // and AdamW state equal, frozen parameters and nested units included); atomic directories and
 // keep-last; every corruption fails on every rank before anything changes.
-#include <gtest/gtest.h>
-
 #include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <sys/stat.h>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/safetensors.h"
+#include "fsdp/train_harness.h"
 #include "fsdp/whole_model.h"
 #include "support/expect_error.h"
-#include "fsdp/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -221,16 +220,15 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
         pg->barrier()->wait();
         // Never overwritten: the same step again is refused on every rank.
         expect_error_containing<CheckpointError>(
-            [&] { save_checkpoint(dir, 4, *t.model, t.opt.get(), pg); },
-            "already exists");
+            [&] { save_checkpoint(dir, 4, *t.model, t.opt.get(), pg); }, "already exists");
         save_checkpoint(dir, 5, *t.model, t.opt.get(), pg, keep2);
       },
       test_options());
   auto names = list_names(dir);
   // Steps 4 and 5 kept, the crash's temporary directory removed; the manifest-less directory
   // is not a checkpoint and is left alone (it may be a user's).
-  EXPECT_EQ(names, (std::vector<std::string>{"step_0000000004", "step_0000000005",
-                                             "step_0000000007"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"step_0000000004", "step_0000000005", "step_0000000007"}));
   remove_tree(dir);
 }
 
@@ -241,8 +239,8 @@ TEST(Checkpoint, SgdMomentumReshards) {
   std::map<std::string, at::Tensor> saved;
   std::string path;
   auto sgd_run = [&](const ProcessGroupPtr& pg, Unit<TinyLM>& root, int steps) {
-    auto opt = std::make_unique<torch::optim::SGD>(
-        root.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto opt = std::make_unique<torch::optim::SGD>(root.parameters(),
+                                                   torch::optim::SGDOptions(0.1).momentum(0.9));
     const int64_t local = spec.batch / pg->size();
     for (int step = 0; step < steps; ++step) {
       auto [tokens, targets] = global_batch(spec, step);
@@ -287,8 +285,8 @@ TEST(Checkpoint, SgdMomentumReshards) {
         if (pg->rank() == 0) expect_same(m, saved, "sgd momentum");
         // An AdamW cannot take SGD's state.
         torch::optim::AdamW adamw(root.parameters());
-        expect_error_containing<CheckpointError>(
-            [&] { load_checkpoint(path, *model, &adamw, pg); }, "optimizer 'sgd', not of 'adamw'");
+        expect_error_containing<CheckpointError>([&] { load_checkpoint(path, *model, &adamw, pg); },
+                                                 "optimizer 'sgd', not of 'adamw'");
       },
       test_options());
   remove_tree(dir);
@@ -301,14 +299,15 @@ TEST(Checkpoint, UnsupportedOptimizerFailsBeforeWriting) {
   auto pg = make_local_groups(1).front();
   auto root = shard_model(model, pg);
   torch::optim::Adagrad opt(root.parameters());
-  expect_error_containing<CheckpointError>(
-      [&] { save_checkpoint(dir, 1, *model, &opt, pg); }, "torch::optim::Adagrad");
+  expect_error_containing<CheckpointError>([&] { save_checkpoint(dir, 1, *model, &opt, pg); },
+                                           "torch::optim::Adagrad");
   EXPECT_EQ(file_size(dir), -1) << "nothing created";
 }
 
 // Saves a 2-rank checkpoint, lets `damage` change it, then expects loading at 2 ranks to fail
 // on both with `needle` and to leave parameters and optimizer state as they were.
-void expect_load_fails(const std::string& label, const std::function<void(const std::string&)>& damage,
+void expect_load_fails(const std::string& label,
+                       const std::function<void(const std::string&)>& damage,
                        const std::string& needle, TrainSpec load_spec = checkpoint_spec()) {
   const auto dir = fresh_dir(label);
   TrainSpec spec = checkpoint_spec();
@@ -377,8 +376,8 @@ TEST(CheckpointErrors, MalformedManifest) {
 TEST(CheckpointErrors, ShapeMismatch) {
   TrainSpec wider = checkpoint_spec();
   wider.model.dim = 64;
-  expect_load_fails("shape", [](const std::string&) {}, "tensor 'embed.weight' is Float [1001, 60]",
-                    wider);
+  expect_load_fails(
+      "shape", [](const std::string&) {}, "tensor 'embed.weight' is Float [1001, 60]", wider);
 }
 
 TEST(CheckpointErrors, NameMismatch) {
@@ -387,7 +386,8 @@ TEST(CheckpointErrors, NameMismatch) {
   tied.model.tie_embeddings = true;
   // The tied model has no head.weight of its own (and a 1001-row head): the first difference
   // found is reported.
-  expect_load_fails("names", [](const std::string&) {}, "head.weight", tied);
+  expect_load_fails(
+      "names", [](const std::string&) {}, "head.weight", tied);
 }
 
 }  // namespace

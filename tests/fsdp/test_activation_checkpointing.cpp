@@ -75,8 +75,8 @@ TEST(CheckpointedUnits, SameCollectivesAndNothingLeftGathered) {
   for (int step = 0; step < 2; ++step) {
     auto [tokens, targets] = global_batch(spec, step);
     pg->reset_stats();
-    auto loss = loss_of(root(tokens.narrow(0, 0, 3)), targets.narrow(0, 0, 3),
-                        spec.model.output_size());
+    auto loss =
+        loss_of(root(tokens.narrow(0, 0, 3)), targets.narrow(0, 0, 3), spec.model.output_size());
     EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), n + 1);
     loss.backward();
     EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), (n + 1) + n);
@@ -166,10 +166,16 @@ TEST(CheckpointedUnits, ModuleCalledWithoutItsUnitIsAnError) {
   fully_shard(net->inner, pg, options);
   auto root = fully_shard(net, pg);
   auto weight_before = net->inner->weight.detach().clone();
-  expect_error_containing<InvalidArgument>([&] { root(torch::randn({3, 8})); },
-                                           "unit 'inner' (torch::nn::LinearImpl)");
-  expect_error_containing<InvalidArgument>([&] { root(torch::randn({3, 8})); },
-                                           "call the unit, unit(x)");
+  expect_error_containing<InvalidArgument>(
+      [&] {
+        root(torch::randn({3, 8}));
+      },
+      "unit 'inner' (torch::nn::LinearImpl)");
+  expect_error_containing<InvalidArgument>(
+      [&] {
+        root(torch::randn({3, 8}));
+      },
+      "call the unit, unit(x)");
   EXPECT_TRUE(at::equal(net->inner->weight, weight_before));
 }
 

@@ -1,5 +1,8 @@
 #include "comm/detail/op_queue.h"
 
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
 namespace fsdp::detail {
 
 bool AsyncWork::is_completed() {
@@ -33,17 +36,21 @@ OpQueue::~OpQueue() {
   if (worker_.joinable()) worker_.join();
 }
 
-WorkPtr OpQueue::submit(std::function<void()> op) {
+WorkPtr OpQueue::submit(const char* label, std::function<void()> op) {
   auto work = std::make_shared<AsyncWork>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(Item{std::move(op), work});
+    items_.push_back(Item{label, std::move(op), work});
   }
   cv_.notify_one();
   return work;
 }
 
 void OpQueue::run() {
+  // This thread joins a profiling session the training thread starts (and leaves it when it
+  // ends), so its ranges land in the same trace: libtorch's profiler records the threads it
+  // was enabled on.
+  bool profiling = false;
   for (;;) {
     Item item;
     {
@@ -53,8 +60,18 @@ void OpQueue::run() {
       item = std::move(items_.front());
       items_.pop_front();
     }
+    const bool now = torch::autograd::profiler::isProfilerEnabledInMainThread();
+    if (now != profiling) {
+      if (now) {
+        torch::autograd::profiler::enableProfilerInChildThread();
+      } else {
+        torch::autograd::profiler::disableProfilerInChildThread();
+      }
+      profiling = now;
+    }
     std::exception_ptr error;
     try {
+      RECORD_FUNCTION(item.label, std::vector<c10::IValue>());
       item.op();
     } catch (...) {
       error = std::current_exception();

@@ -46,12 +46,15 @@ class OpQueue {
   OpQueue& operator=(const OpQueue&) = delete;
 
   // Queues `op`; the returned Work completes when it has run, carrying what it threw.
-  WorkPtr submit(std::function<void()> op);
+  // `label` (a string literal) names the range the op runs under in libtorch's profiler, on
+  // this queue's worker thread: "fsdp::comm::all_gather", ...
+  WorkPtr submit(const char* label, std::function<void()> op);
 
  private:
   void run();
 
   struct Item {
+    const char* label;
     std::function<void()> op;
     std::shared_ptr<AsyncWork> work;
   };

@@ -100,7 +100,7 @@ class LocalProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    return queue_.submit([=] {
+    return queue_.submit("fsdp::comm::all_gather", [=] {
       rendezvous(CollectiveKind::kAllGather, input, output, /*root=*/0, [&](auto& posts) {
         auto n = input.numel();
         auto flat = output.view(-1);
@@ -111,7 +111,7 @@ class LocalProcessGroup final : public ProcessGroup {
 
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
-    return queue_.submit([=] {
+    return queue_.submit("fsdp::comm::reduce_scatter", [=] {
       rendezvous(CollectiveKind::kReduceScatter, input, output, /*root=*/0, [&](auto& posts) {
         auto n = output.numel();
         auto sum = sum_slices(posts, rank() * n, n);
@@ -121,7 +121,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    return queue_.submit([=] {
+    return queue_.submit("fsdp::comm::all_reduce", [=] {
       at::Tensor sum;
       // In place: peers read `tensor` until phase B, so the result is stored after it.
       rendezvous(CollectiveKind::kAllReduce, tensor, tensor, /*root=*/0,
@@ -131,7 +131,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
-    return queue_.submit([=] {
+    return queue_.submit("fsdp::comm::broadcast", [=] {
       at::Tensor copy;
       rendezvous(CollectiveKind::kBroadcast, tensor, tensor, root, [&](auto& posts) {
         if (rank() != root) copy = posts[root].input.clone();
@@ -141,8 +141,9 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_barrier() override {
-    return queue_.submit(
-        [=] { rendezvous(CollectiveKind::kBarrier, at::Tensor(), at::Tensor(), 0, [](auto&) {}); });
+    return queue_.submit("fsdp::comm::barrier", [=] {
+      rendezvous(CollectiveKind::kBarrier, at::Tensor(), at::Tensor(), 0, [](auto&) {});
+    });
   }
 
   std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members,

@@ -50,7 +50,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    return queue_->submit([=] {
+    return queue_->submit("fsdp::comm::all_gather", [=] {
       auto in = detail::as_bits(input);
       auto out = detail::as_bits(output);
       call("all_gather", [&] {
@@ -69,7 +69,7 @@ class MpiProcessGroup final : public ProcessGroup {
   // leaves the data to go cold before it is summed.
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
-    return queue_->submit([=] {
+    return queue_->submit("fsdp::comm::reduce_scatter", [=] {
       const int64_t n = output.numel();
       const int world = size();
       count(input);  // displacements are ints: the whole input must fit
@@ -102,7 +102,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    return queue_->submit([=] {
+    return queue_->submit("fsdp::comm::all_reduce", [=] {
       auto buf = detail::accumulation_buffer(tensor);
       call("all_reduce", [&] {
         return MPI_Allreduce(MPI_IN_PLACE, buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()),
@@ -113,7 +113,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
-    return queue_->submit([=] {
+    return queue_->submit("fsdp::comm::broadcast", [=] {
       auto buf = detail::as_bits(tensor);
       call("broadcast", [&] {
         return MPI_Bcast(buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()), root, comm_);
@@ -122,7 +122,8 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_barrier() override {
-    return queue_->submit([=] { call("barrier", [&] { return MPI_Barrier(comm_); }); });
+    return queue_->submit("fsdp::comm::barrier",
+                          [=] { call("barrier", [&] { return MPI_Barrier(comm_); }); });
   }
 
   std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>&, int) override {
@@ -131,6 +132,7 @@ class MpiProcessGroup final : public ProcessGroup {
     // same order everywhere, so it must not race the worker's collectives.
     queue_
         ->submit(
+            "fsdp::comm::split",
             [&] { call("split", [&] { return MPI_Comm_split(comm_, color, rank(), &child); }); })
         ->wait();
     int child_rank = 0, child_size = 0;

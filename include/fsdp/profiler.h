@@ -1,0 +1,54 @@
+// Profiling a sharded step with libtorch's own (Kineto) profiler: a Chrome/Perfetto trace per
+// rank, an operator table like torch.profiler's key_averages().table(), and FSDP's
+// communication figures read from the trace.
+//
+// FSDP's phases and collectives are named ranges in that profiler, on the thread where they
+// run: on the training thread fsdp::pre_forward, fsdp::post_forward, fsdp::pre_backward,
+// fsdp::post_backward, fsdp::end_of_backward, fsdp::all_gather (issue, with
+// fsdp::all_gather_copy_in), fsdp::all_gather_wait, fsdp::all_gather_copy_out,
+// fsdp::reduce_scatter (issue, with fsdp::reduce_scatter_copy_in), fsdp::reduce_scatter_wait,
+// fsdp::reduce_scatter_copy_out, fsdp::recompute; on a CPU backend's communication thread
+// fsdp::comm::all_gather, fsdp::comm::reduce_scatter, fsdp::comm::all_reduce, ...
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+struct OpStats {
+  std::string name;
+  int64_t calls = 0;
+  double self_ms = 0;   // time in the op itself, not in ops it called (CPU)
+  double total_ms = 0;  // including them
+};
+
+struct ProfileSummary {
+  std::vector<OpStats> ops;  // by self time, largest first
+  int64_t threads = 0;       // threads with events
+  double span_ms = 0;        // first event's start to last event's end
+  // Time the communication thread spent in collectives (fsdp::comm::* ranges).
+  double comm_ms = 0;
+  // Time the training thread waited for collectives (fsdp::*_wait ranges): exposed
+  // communication, the trainer's "exposed comm" over the same steps.
+  double exposed_comm_ms = 0;
+  // 1 - exposed / comm: the share of communication hidden behind compute (0 when none).
+  double overlap = 0;
+  // Calls of each fsdp:: range.
+  std::map<std::string, int64_t> fsdp_counts;
+};
+
+// Starts recording on this thread (and on the communication threads of CPU process groups,
+// which join by themselves), with CUDA activity when libtorch has CUDA and a device is present.
+// Throws Error when a profiler is already running.
+void start_profiling();
+// Stops, writes the Chrome trace (JSON, opens in Perfetto and chrome://tracing) to
+// `trace_path` when it is not empty, and summarises the events.
+ProfileSummary stop_profiling(const std::string& trace_path);
+
+// The `top` operators by self time as a text table: name, calls, self ms, total ms, self %.
+std::string format_op_table(const ProfileSummary& summary, int top = 15);
+
+}  // namespace fsdp
