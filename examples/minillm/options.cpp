@@ -167,6 +167,12 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--nonfinite", o.nonfinite,
+                 "A step whose loss or global gradient norm is NaN or infinite (on any rank): "
+                 "stop with an error naming it, skip its optimizer step (counted), or off (no "
+                 "check; saves one all-reduce per step)")
+      ->check(CLI::IsMember({"stop", "skip", "off"}))
+      ->capture_default_str();
   std::string profile_steps;
   app.add_option("--profile-steps", profile_steps,
                  "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "

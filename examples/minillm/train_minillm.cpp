@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -117,6 +118,14 @@ void report_profile(const Options& o, const fsdp::Distributed& dist, double trai
       issued(fsdp::CollectiveKind::kAllReduce));
 }
 
+// Whether every rank's loss and the global gradient norm are finite (one all-reduce of the loss
+// sum: a NaN or infinity on any rank reaches every rank).
+bool finite_step(const torch::Tensor& loss, double grad_norm, const fsdp::Distributed& dist) {
+  auto sum = loss.detach().to(torch::kDouble).reshape({1}).clone();
+  dist.group->all_reduce(sum, fsdp::ReduceOp::kSum)->wait();
+  return std::isfinite(grad_norm) && std::isfinite(sum.item<double>());
+}
+
 // A checkpoint after `steps_done` steps.
 void save(const Options& o, int steps_done, const minillm::MiniLLMImpl& model,
           const torch::optim::Optimizer& opt, const fsdp::Distributed& dist) {
@@ -153,6 +162,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
 
   const int start = resume(o, *root.module(), *opt, dist);
   double profile_comm_before = 0;
+  int skipped = 0;  // steps skipped by --nonfinite skip
   fsdp::CollectiveStats profile_stats_before;
   const int64_t micro = local_batch / o.grad_accum;
   for (int step = start; step < o.steps; ++step) {
@@ -181,8 +191,26 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     double grad_norm = 0;
     if (o.clip_grad_norm > 0) {
       grad_norm = fsdp::clip_grad_norm_(root.parameters(), o.clip_grad_norm, dist.group);
+    } else if (o.nonfinite != "off") {
+      grad_norm = fsdp::total_grad_norm(root.parameters(), dist.group);
     }
-    opt->step();
+    if (o.nonfinite != "off" && !finite_step(loss_sum, grad_norm, dist)) {
+      // The same verdict on every rank: the norm and the loss sum are global.
+      if (o.nonfinite == "stop") {
+        throw fsdp::Error(fmt::format(
+            "step {}: the loss or the gradient norm is not finite (gradient norm {}); stopped "
+            "before the optimizer step (--nonfinite skip skips such steps instead)",
+            step, grad_norm));
+      }
+      ++skipped;
+      if (rank == 0) {
+        fmt::print("step {}: the loss or the gradient norm is not finite (gradient norm {}); "
+                   "optimizer step skipped ({} so far)\n",
+                   step, grad_norm, skipped);
+      }
+    } else {
+      opt->step();
+    }
     report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());
     if (step == o.profile_last) {
       report_profile(o, dist, root.comm_stats().exposed_seconds - profile_comm_before,
@@ -201,6 +229,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     if (rank == 0) fmt::print("exported {}\n", o.export_path);
   }
   report.summary();
+  if (skipped > 0 && rank == 0) {
+    fmt::print("skipped {} of {} optimizer steps: the loss or the gradients were not finite\n",
+               skipped, o.steps - start);
+  }
   return 0;
 }
 

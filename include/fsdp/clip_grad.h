@@ -30,4 +30,10 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                        const ProcessGroupPtr& pg, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 
+// The same total norm without scaling anything: for logging, or to skip a step whose
+// gradients are not finite (a NaN or infinity on any rank makes it NaN or infinity on every
+// rank). Collective; InvalidArgument for a non-positive norm_type.
+double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                       double norm_type = 2.0);
+
 }  // namespace fsdp

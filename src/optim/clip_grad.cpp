@@ -10,12 +10,13 @@
 
 namespace fsdp {
 
-double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
-                       const ProcessGroupPtr& pg, double norm_type, bool error_if_nonfinite) {
-  FSDP_CHECK_ARG(pg != nullptr, "clip_grad_norm_: the process group is null");
-  FSDP_CHECK_ARG(std::isfinite(max_norm) && max_norm > 0,
-                 "clip_grad_norm_: max_norm must be a positive finite number, got {}", max_norm);
-  FSDP_CHECK_ARG(norm_type > 0, "clip_grad_norm_: norm_type must be positive (or infinity), got {}",
+namespace {
+
+// The global norm of the defined gradients of `params`; `grads` receives them.
+double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                   double norm_type, std::vector<at::Tensor>& grads, const char* what) {
+  FSDP_CHECK_ARG(pg != nullptr, "{}: the process group is null", what);
+  FSDP_CHECK_ARG(norm_type > 0, "{}: norm_type must be positive (or infinity), got {}", what,
                  norm_type);
   const bool inf = std::isinf(norm_type);
   c10::NoGradGuard no_grad;
@@ -25,7 +26,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
   // combination in double so that mixed dtypes lose nothing.
   const auto device = params.empty() ? at::Device(pg->device_type()) : params.front().device();
   auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
-  std::vector<at::Tensor> grads, norms;
+  std::vector<at::Tensor> norms;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
     grads.push_back(p.grad());
@@ -50,7 +51,23 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
     total = !inf ? total + v[r] : (std::isnan(v[r]) || v[r] > total ? v[r] : total);
   }
   if (!inf) total = std::pow(total, 1.0 / norm_type);
+  return total;
+}
 
+}  // namespace
+
+double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                       double norm_type) {
+  std::vector<at::Tensor> grads;
+  return global_norm(params, pg, norm_type, grads, "total_grad_norm");
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const ProcessGroupPtr& pg, double norm_type, bool error_if_nonfinite) {
+  FSDP_CHECK_ARG(std::isfinite(max_norm) && max_norm > 0,
+                 "clip_grad_norm_: max_norm must be a positive finite number, got {}", max_norm);
+  std::vector<at::Tensor> grads;
+  const double total = global_norm(params, pg, norm_type, grads, "clip_grad_norm_");
   if (error_if_nonfinite && !std::isfinite(total)) {
     throw Error(fmt::format(
         "clip_grad_norm_: the total norm of order {} of the gradients is {}, so they cannot be "

@@ -57,5 +57,17 @@ if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.
 elif ! grep -q "must split evenly over the 2 ranks" "$tmp/split.log"; then
   echo "missing batch split message:"; cat "$tmp/split.log"; fail=1
 fi
+# A learning rate that blows the weights up: the next loss is not finite. --nonfinite stop
+# (the default) ends the run naming the step, on both ranks; skip goes on, counting.
+blowup=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --steps 6 --threads 1 --batch 4 --lr 1e30)
+if "${mpiexec[@]}" -n 2 "$bin" "${blowup[@]}" > "$tmp/nan.log" 2>&1; then
+  echo "expected --lr 1e30 to stop on a non-finite step"; fail=1
+elif ! grep -q "step 1: the loss or the gradient norm is not finite" "$tmp/nan.log"; then
+  echo "missing non-finite stop message:"; cat "$tmp/nan.log"; fail=1
+fi
+"${mpiexec[@]}" -n 2 "$bin" "${blowup[@]}" --nonfinite skip > "$tmp/skip.log" 2>&1 \
+  || { echo "--nonfinite skip failed:"; cat "$tmp/skip.log"; fail=1; }
+grep -q "skipped 5 of 6 optimizer steps" "$tmp/skip.log" \
+  || { echo "missing skip count:"; cat "$tmp/skip.log"; fail=1; }
 [ "$fail" -eq 0 ] && echo "minillm smoke: passed"
 exit "$fail"
