@@ -35,7 +35,7 @@ struct Options {
   bool resume = false;                    // start from the latest checkpoint in save_dir
   std::string export_path;                // safetensors file of the trained model
   std::string export_dtype = "fp32";
-  std::string nonfinite = "stop";  // stop | skip | off: a NaN/inf loss or gradient norm
+  std::string nonfinite = "stop";             // stop | skip | off: a NaN/inf loss or gradient norm
   int profile_first = -1, profile_last = -1;  // --profile-steps A:B (inclusive); -1: off
   std::string profile_dir = "profile";
 };

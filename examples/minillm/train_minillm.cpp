@@ -204,9 +204,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
       }
       ++skipped;
       if (rank == 0) {
-        fmt::print("step {}: the loss or the gradient norm is not finite (gradient norm {}); "
-                   "optimizer step skipped ({} so far)\n",
-                   step, grad_norm, skipped);
+        fmt::print(
+            "step {}: the loss or the gradient norm is not finite (gradient norm {}); "
+            "optimizer step skipped ({} so far)\n",
+            step, grad_norm, skipped);
       }
     } else {
       opt->step();
