@@ -14,7 +14,6 @@
 // (UnitState::pre_forward).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -23,6 +22,7 @@
 
 #include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
+#include "profile/range.h"
 #include "runtime/unit_state.h"
 
 namespace fsdp::detail {
@@ -81,7 +81,7 @@ struct Recompute : torch::CustomClassHolder {
 // set to the first run's states and put back afterwards.
 std::vector<at::Tensor> recompute(UnitState& state, const Recompute& r,
                                   const std::vector<at::Tensor>& inputs) {
-  RECORD_FUNCTION("fsdp::recompute", std::vector<c10::IValue>());
+  FSDP_RANGE("fsdp::recompute");
   RngStates current = r.rng.now();
   state.begin_recompute();
   r.rng.restore();

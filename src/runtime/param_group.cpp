@@ -1,6 +1,5 @@
 #include "runtime/param_group.h"
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -8,12 +7,10 @@
 #include <algorithm>
 
 #include "fsdp/errors.h"
+#include "profile/range.h"
 
 namespace fsdp::detail {
 namespace {
-
-// A named range in libtorch's profiler (Chrome/Perfetto traces) around the enclosing scope.
-#define FSDP_RANGE(name) RECORD_FUNCTION(name, std::vector<c10::IValue>())
 
 // Runs after autograd accumulated a full parameter's gradient: a post hook of its
 // AccumulateGrad node (post-accumulate-grad hooks exist only from libtorch 2.1).

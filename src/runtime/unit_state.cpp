@@ -1,6 +1,5 @@
 #include "runtime/unit_state.h"
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -8,12 +7,10 @@
 #include <algorithm>
 
 #include "fsdp/errors.h"
+#include "profile/range.h"
 #include "runtime/post_backward_function.h"
 
 namespace fsdp::detail {
-
-// A named range in libtorch's profiler around the enclosing scope (FSDP's phases in traces).
-#define FSDP_RANGE(name) RECORD_FUNCTION(name, std::vector<c10::IValue>())
 
 UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGroupPtr pg,
                      FullyShardOptions options,

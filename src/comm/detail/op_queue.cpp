@@ -1,7 +1,8 @@
 #include "comm/detail/op_queue.h"
 
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+
+#include "profile/range.h"
 
 namespace fsdp::detail {
 
@@ -71,7 +72,7 @@ void OpQueue::run() {
     }
     std::exception_ptr error;
     try {
-      RECORD_FUNCTION(item.label, std::vector<c10::IValue>());
+      FSDP_RANGE(item.label);
       item.op();
     } catch (...) {
       error = std::current_exception();
