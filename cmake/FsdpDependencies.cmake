@@ -82,3 +82,14 @@ if(NOT FSDP_WITH_NCCL STREQUAL "OFF")
   endif()
 endif()
 fsdp_resolve_backend(NCCL _nccl_found)
+
+# NVTX ranges for Nsight Systems / Nsight Compute (src/profile/range.h): NVTX 3 is header-only
+# (it loads a tool library only when one is attached), so the toolkit's headers are enough.
+# With the GPU backend only: a CPU build has no GPU timeline to annotate.
+set(FSDP_HAVE_NVTX FALSE)
+if(FSDP_HAVE_NCCL)
+  find_path(FSDP_NVTX_INCLUDE_DIR nvtx3/nvToolsExt.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(FSDP_NVTX_INCLUDE_DIR)
+    set(FSDP_HAVE_NVTX TRUE)
+  endif()
+endif()

@@ -8,7 +8,12 @@
 // fsdp::all_gather_copy_in), fsdp::all_gather_wait, fsdp::all_gather_copy_out,
 // fsdp::reduce_scatter (issue, with fsdp::reduce_scatter_copy_in), fsdp::reduce_scatter_wait,
 // fsdp::reduce_scatter_copy_out, fsdp::recompute; on a CPU backend's communication thread
-// fsdp::comm::all_gather, fsdp::comm::reduce_scatter, fsdp::comm::all_reduce, ...
+// fsdp::comm::all_gather, fsdp::comm::reduce_scatter, fsdp::comm::all_reduce, ... (with the
+// collective's size in bytes as the range's input), and on GPU around each NCCL launch.
+// The unit-level ranges carry the unit's name in the root, as FSDP2's do:
+// "fsdp::pre_forward (layers.0)", likewise post_forward, pre_backward, post_backward,
+// all_gather, all_gather_wait, reduce_scatter, reduce_scatter_wait. Builds with the GPU
+// backend also emit every range as an NVTX range (Nsight Systems, `ncu --nvtx`).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,9 @@ struct ProfileSummary {
   std::vector<OpStats> ops;  // by self time, largest first
   int64_t threads = 0;       // threads with events
   double span_ms = 0;        // first event's start to last event's end
+  // Time the training thread spent in operators (its busiest thread: FSDP's phases), less the
+  // time it waited for collectives.
+  double compute_ms = 0;
   // Time the communication thread spent in collectives (fsdp::comm::* ranges).
   double comm_ms = 0;
   // Time the training thread waited for collectives (fsdp::*_wait ranges): exposed
@@ -36,19 +44,31 @@ struct ProfileSummary {
   double exposed_comm_ms = 0;
   // 1 - exposed / comm: the share of communication hidden behind compute (0 when none).
   double overlap = 0;
-  // Calls of each fsdp:: range.
+  // Calls of each fsdp:: range, by its name without the unit ("fsdp::all_gather_wait").
   std::map<std::string, int64_t> fsdp_counts;
+  // Time the training thread waited for each unit's all-gather and reduce-scatter, by unit
+  // name ("layers.0"; "(root)"); units that never waited are absent.
+  std::map<std::string, double> all_gather_wait_ms, reduce_scatter_wait_ms;
+};
+
+struct ProfileOptions {
+  // Record every operator's input shapes and dtypes, and the FLOPs of matmuls
+  // (torch.profiler's record_shapes and with_flops): what scripts/roofline.py needs. Costs
+  // some step time while recording (bench/RESULTS.md); nothing when not recording.
+  bool record_shapes = true;
 };
 
 // Starts recording on this thread (and on the communication threads of CPU process groups,
 // which join by themselves), with CUDA activity when libtorch has CUDA and a device is present.
 // Throws Error when a profiler is already running.
-void start_profiling();
+void start_profiling(const ProfileOptions& options = {});
 // Stops, writes the Chrome trace (JSON, opens in Perfetto and chrome://tracing) to
 // `trace_path` when it is not empty, and summarises the events.
 ProfileSummary stop_profiling(const std::string& trace_path);
 
 // The `top` operators by self time as a text table: name, calls, self ms, total ms, self %.
 std::string format_op_table(const ProfileSummary& summary, int top = 15);
+// Each unit's all-gather and reduce-scatter wait as a text table, largest all-gather wait first.
+std::string format_unit_waits(const ProfileSummary& summary);
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <utility>
 
 #include "fsdp/errors.h"
 
@@ -54,15 +55,25 @@ void add_thread(std::vector<Span>& spans, std::unordered_map<std::string, OpStat
   }
 }
 
+// "fsdp::all_gather_wait (layers.0)" -> {"fsdp::all_gather_wait", "layers.0"}.
+std::pair<std::string, std::string> split_unit(const std::string& name) {
+  const auto open = name.find(" (");
+  if (open == std::string::npos || name.back() != ')') return {name, ""};
+  return {name.substr(0, open), name.substr(open + 2, name.size() - open - 3)};
+}
+
 }  // namespace
 
-void start_profiling() {
+void start_profiling(const ProfileOptions& options) {
   if (torch::autograd::profiler::isProfilerEnabledInMainThread()) {
     throw Error("start_profiling: a profiler is already running");
   }
   std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
   if (torch::cuda::is_available()) activities.insert(prof::ActivityType::CUDA);
-  prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  prof::ProfilerConfig config(prof::ProfilerState::KINETO,
+                              /*report_input_shapes=*/options.record_shapes,
+                              /*profile_memory=*/false, /*with_stack=*/false,
+                              /*with_flops=*/options.record_shapes);
   torch::autograd::profiler::prepareProfiler(config, activities);
   torch::autograd::profiler::enableProfiler(config, activities);
 }
@@ -79,15 +90,41 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
     first = std::min(first, s.start);
     last = std::max(last, s.end);
     if (starts_with(s.name, "fsdp::")) {
-      out.fsdp_counts[s.name] += 1;
+      // Operators are tallied by the range's bare name; the unit goes to the wait tables.
+      auto [base, unit] = split_unit(s.name);
+      s.name = base;
+      out.fsdp_counts[base] += 1;
       const double ms = (s.end - s.start) / 1e6;
-      if (starts_with(s.name, "fsdp::comm::")) out.comm_ms += ms;
-      if (ends_with(s.name, "_wait")) out.exposed_comm_ms += ms;
+      if (starts_with(base, "fsdp::comm::")) out.comm_ms += ms;
+      if (ends_with(base, "_wait")) out.exposed_comm_ms += ms;
+      if (base == "fsdp::all_gather_wait") out.all_gather_wait_ms[unit] += ms;
+      if (base == "fsdp::reduce_scatter_wait") out.reduce_scatter_wait_ms[unit] += ms;
     }
     by_thread[e.startThreadId()].push_back(std::move(s));
   }
   std::unordered_map<std::string, OpStats> by_name;
-  for (auto& [tid, spans] : by_thread) add_thread(spans, by_name);
+  uint64_t training_tid = 0;
+  int64_t most_phases = -1;
+  for (auto& [tid, spans] : by_thread) {
+    add_thread(spans, by_name);  // sorts the spans by start
+    // The training thread: the one running FSDP's forward/backward phases.
+    const auto phases = std::count_if(spans.begin(), spans.end(), [](const Span& s) {
+      return starts_with(s.name, "fsdp::pre_") || starts_with(s.name, "fsdp::post_");
+    });
+    if (phases > most_phases) {
+      most_phases = phases;
+      training_tid = tid;
+    }
+  }
+  // Compute: the time the training thread spent inside operators (the union of its spans),
+  // less the time it waited for collectives.
+  uint64_t covered = 0, reach = 0;
+  for (const auto& s : by_thread[training_tid]) {
+    if (s.end <= reach) continue;
+    covered += s.end - std::max(s.start, reach);
+    reach = s.end;
+  }
+  out.compute_ms = std::max(0.0, covered / 1e6 - out.exposed_comm_ms);
   out.threads = static_cast<int64_t>(by_thread.size());
   out.span_ms = last > first ? (last - first) / 1e6 : 0;
   out.overlap = out.comm_ms > 0 ? std::max(0.0, 1 - out.exposed_comm_ms / out.comm_ms) : 0;
@@ -107,6 +144,29 @@ std::string format_op_table(const ProfileSummary& summary, int top) {
     out += fmt::format("{:<44} {:>7} {:>11.2f} {:>11.2f} {:>6.1f}%\n",
                        op.name.size() > 44 ? op.name.substr(0, 41) + "..." : op.name, op.calls,
                        op.self_ms, op.total_ms, all_self > 0 ? 100 * op.self_ms / all_self : 0);
+  }
+  return out;
+}
+
+std::string format_unit_waits(const ProfileSummary& summary) {
+  std::vector<std::string> units;
+  for (const auto& [unit, ms] : summary.all_gather_wait_ms) units.push_back(unit);
+  for (const auto& [unit, ms] : summary.reduce_scatter_wait_ms) {
+    if (!summary.all_gather_wait_ms.count(unit)) units.push_back(unit);
+  }
+  auto ms_of = [](const std::map<std::string, double>& m, const std::string& unit) {
+    auto it = m.find(unit);
+    return it == m.end() ? 0.0 : it->second;
+  };
+  std::stable_sort(units.begin(), units.end(), [&](const std::string& a, const std::string& b) {
+    return ms_of(summary.all_gather_wait_ms, a) > ms_of(summary.all_gather_wait_ms, b);
+  });
+  std::string out =
+      fmt::format("{:<32} {:>18} {:>22}\n", "unit", "all-gather wait ms", "reduce-scatter wait ms");
+  for (const auto& unit : units) {
+    out += fmt::format("{:<32} {:>18.2f} {:>22.2f}\n", unit.empty() ? "(unnamed)" : unit,
+                       ms_of(summary.all_gather_wait_ms, unit),
+                       ms_of(summary.reduce_scatter_wait_ms, unit));
   }
   return out;
 }

@@ -57,7 +57,7 @@ void ParamGroup::attach(Accounting* acct) {
 
 void ParamGroup::unshard_async() {
   if (state_ != State::kSharded || params_.empty() || passthrough_) return;
-  FSDP_RANGE("fsdp::all_gather");
+  FSDP_RANGE(range_names_.all_gather);
   auto opts = at::TensorOptions().dtype(compute_dtype_).device(pg_->device_type());
   gather_in_ = acct_->pool->take(gather_layout_.total, opts);  // copy-in writes every element
   {
@@ -78,7 +78,7 @@ void ParamGroup::wait_unshard() {
   if (state_ == State::kFull) return;
   if (state_ == State::kSharded) unshard_async();
   {
-    FSDP_RANGE("fsdp::all_gather_wait");
+    FSDP_RANGE(range_names_.all_gather_wait);
     ExposedCommTimer timer(*acct_);
     gather_work_->wait();
   }
@@ -135,7 +135,7 @@ bool ParamGroup::post_backward(bool reduce) {
     reshard();
     return false;
   }
-  FSDP_RANGE("fsdp::reduce_scatter");
+  FSDP_RANGE(range_names_.reduce_scatter);
   int world = pg_->size();
   auto opts = at::TensorOptions().dtype(reduce_dtype_).device(pg_->device_type());
   // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.
@@ -161,7 +161,7 @@ bool ParamGroup::post_backward(bool reduce) {
 void ParamGroup::finish_reduce() {
   if (reduce_work_) {
     {
-      FSDP_RANGE("fsdp::reduce_scatter_wait");
+      FSDP_RANGE(range_names_.reduce_scatter_wait);
       ExposedCommTimer timer(*acct_);
       reduce_work_->wait();
     }

@@ -14,6 +14,7 @@
 
 #include "fsdp/mixed_precision.h"
 #include "fsdp/process_group.h"
+#include "profile/range.h"
 #include "runtime/accounting.h"
 #include "runtime/collectives.h"
 #include "runtime/fsdp_param.h"
@@ -57,6 +58,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<FsdpParam>& params() { return params_; }
   const ProcessGroupPtr& pg() const { return pg_; }
 
+  // Profiler range names carrying the unit's name in the root (set by the root's lazy init).
+  void set_unit_name(const std::string& name) { range_names_ = UnitRangeNames(name); }
+  const UnitRangeNames& range_names() const { return range_names_; }
+
  private:
   enum class State { kSharded, kGathering, kFull };
   // After a gather completed: returns its buffers to the pool.
@@ -69,6 +74,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<FsdpParam> params_;
   FlatLayout gather_layout_, reduce_layout_;  // collectives.h
   bool passthrough_ = false;                  // world size 1 without dtype changes: nothing to move
+  UnitRangeNames range_names_;
 
   State state_ = State::kSharded;
   WorkPtr gather_work_;

@@ -62,7 +62,10 @@ void UnitState::lazy_init() {
   if (auto root = module()) {
     for (const auto& item : root->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
       for (UnitState* s : tree) {
-        if (s->module_is(item.value().get())) s->name_ = item.key().empty() ? "(root)" : item.key();
+        if (s->module_is(item.value().get())) {
+          s->name_ = item.key().empty() ? "(root)" : item.key();
+          s->group_->set_unit_name(s->name_);
+        }
       }
     }
   }
@@ -80,7 +83,7 @@ bool UnitState::reshard_after_forward() const {
 }
 
 void UnitState::pre_forward() {
-  FSDP_RANGE("fsdp::pre_forward");
+  FSDP_RANGE(group_->range_names().pre_forward);
   if (ctx_->recompute_depth > 0) {
     // Inside a checkpointed unit's recompute: gather for the backward that follows; the
     // forward order (prefetch) belongs to the real forward.
@@ -143,7 +146,7 @@ void UnitState::on_input_grad() {
 
 void UnitState::run_post_backward() {
   if (backward_.post_backward_done) return;
-  FSDP_RANGE("fsdp::post_backward");
+  FSDP_RANGE(group_->range_names().post_backward);
   backward_.post_backward_done = true;
   if (group_->post_backward(requires_gradient_sync_)) track_reduction(group_.get());
 }
@@ -177,7 +180,7 @@ void UnitState::post_forward_output(at::Tensor& output) {
 }
 
 void UnitState::post_forward() {
-  FSDP_RANGE("fsdp::post_forward");
+  FSDP_RANGE(group_->range_names().post_forward);
   // In a recompute the backward follows at once: keep the parameters, leave the order alone.
   if (ctx_->recompute_depth > 0) return;
   if (is_root() && at::GradMode::is_enabled()) check_checkpointed_units_ran();
@@ -190,7 +193,7 @@ void UnitState::post_forward() {
 void UnitState::pre_backward() {
   ensure_final_callback();
   if (backward_.pre_backward_done) return;
-  FSDP_RANGE("fsdp::pre_backward");
+  FSDP_RANGE(group_->range_names().pre_backward);
   backward_.pre_backward_done = true;
   group_->wait_unshard();
   // Backward prefetch: backward visits units in reverse post-forward order; start the gather

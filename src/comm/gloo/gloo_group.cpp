@@ -34,7 +34,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    return queue_.submit("fsdp::comm::all_gather", [=] {
+    return queue_.submit("fsdp::comm::all_gather", output.nbytes(), [=] {
       if (input.numel() == 0) return;
       // Gathers move bytes: bfloat16 travels as float16 bit patterns, unchanged.
       auto in = detail::as_bits(input).view(-1);
@@ -48,7 +48,7 @@ class GlooProcessGroup final : public ProcessGroup {
     // Gloo's _reduce_scatter_base (libtorch 2.x) is an all-reduce of the whole input plus a
     // copy of this rank's slice: size() times the bytes of a ring reduce-scatter. Acceptable for
     // the CPU env-launch path; MPI is the fast CPU engine. 16-bit inputs are summed in float32.
-    return queue_.submit("fsdp::comm::reduce_scatter", [=] {
+    return queue_.submit("fsdp::comm::reduce_scatter", input.nbytes(), [=] {
       auto in = detail::accumulates_in_fp32(input.scalar_type()) ? input.to(at::kFloat)
                                                                  : input.contiguous();
       auto out = at::empty({output.numel()}, in.options());
@@ -59,7 +59,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    return queue_.submit("fsdp::comm::all_reduce", [=] {
+    return queue_.submit("fsdp::comm::all_reduce", tensor.nbytes(), [=] {
       auto buf = detail::accumulation_buffer(tensor);
       std::vector<at::Tensor> tensors{buf.view(-1)};
       run("all_reduce", [&] { return gloo_->allreduce(tensors); });
@@ -68,7 +68,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
-    return queue_.submit("fsdp::comm::broadcast", [=] {
+    return queue_.submit("fsdp::comm::broadcast", tensor.nbytes(), [=] {
       std::vector<at::Tensor> tensors{detail::as_bits(tensor).view(-1)};
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
@@ -77,7 +77,7 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_barrier() override {
-    return queue_.submit("fsdp::comm::barrier",
+    return queue_.submit("fsdp::comm::barrier", 0,
                          [=] { run("barrier", [&] { return gloo_->barrier(); }); });
   }
 

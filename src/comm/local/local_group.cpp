@@ -100,7 +100,7 @@ class LocalProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    return queue_.submit("fsdp::comm::all_gather", [=] {
+    return queue_.submit("fsdp::comm::all_gather", output.nbytes(), [=] {
       rendezvous(CollectiveKind::kAllGather, input, output, /*root=*/0, [&](auto& posts) {
         auto n = input.numel();
         auto flat = output.view(-1);
@@ -111,7 +111,7 @@ class LocalProcessGroup final : public ProcessGroup {
 
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
-    return queue_.submit("fsdp::comm::reduce_scatter", [=] {
+    return queue_.submit("fsdp::comm::reduce_scatter", input.nbytes(), [=] {
       rendezvous(CollectiveKind::kReduceScatter, input, output, /*root=*/0, [&](auto& posts) {
         auto n = output.numel();
         auto sum = sum_slices(posts, rank() * n, n);
@@ -121,7 +121,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    return queue_.submit("fsdp::comm::all_reduce", [=] {
+    return queue_.submit("fsdp::comm::all_reduce", tensor.nbytes(), [=] {
       at::Tensor sum;
       // In place: peers read `tensor` until phase B, so the result is stored after it.
       rendezvous(CollectiveKind::kAllReduce, tensor, tensor, /*root=*/0,
@@ -131,7 +131,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
-    return queue_.submit("fsdp::comm::broadcast", [=] {
+    return queue_.submit("fsdp::comm::broadcast", tensor.nbytes(), [=] {
       at::Tensor copy;
       rendezvous(CollectiveKind::kBroadcast, tensor, tensor, root, [&](auto& posts) {
         if (rank() != root) copy = posts[root].input.clone();
@@ -141,7 +141,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_barrier() override {
-    return queue_.submit("fsdp::comm::barrier", [=] {
+    return queue_.submit("fsdp::comm::barrier", 0, [=] {
       rendezvous(CollectiveKind::kBarrier, at::Tensor(), at::Tensor(), 0, [](auto&) {});
     });
   }
