@@ -180,6 +180,14 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  "operators and FSDP's communication figures");
   app.add_option("--profile-dir", o.profile_dir, "Where --profile-steps writes its traces")
       ->capture_default_str();
+  app.add_flag("!--no-profile-shapes", o.profile_shapes,
+               "Leave operator shapes and FLOPs out of the trace (less profiling overhead; "
+               "scripts/roofline.py needs them)");
+  app.add_option("--comm-timeout", o.comm_timeout_s,
+                 "Seconds a collective or the rendezvous may wait for the other ranks before the "
+                 "run fails with an error naming the operation (a dead or stuck rank)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out, "Write one JSON object per step to this file");
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "

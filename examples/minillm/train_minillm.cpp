@@ -108,14 +108,21 @@ void report_profile(const Options& o, const fsdp::Distributed& dist, double trai
   fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
              o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
   fmt::print(
-      "profile: communication {:.1f} ms on the comm thread, exposed (training thread waiting) "
-      "{:.1f} ms (the trainer's own count: {:.1f} ms), overlap {:.0f}%\n",
-      summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s, 100 * summary.overlap);
+      "profile: compute {:.1f} ms on the training thread, communication {:.1f} ms on the comm "
+      "thread, exposed (training thread waiting) {:.1f} ms (the trainer's own count: {:.1f} ms), "
+      "overlap {:.0f}%\n",
+      summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
+      100 * summary.overlap);
   auto issued = [&](fsdp::CollectiveKind k) { return after.count(k) - before.count(k); };
   fmt::print(
       "profile: the process group issued {} all-gathers, {} reduce-scatters, {} all-reduces\n",
       issued(fsdp::CollectiveKind::kAllGather), issued(fsdp::CollectiveKind::kReduceScatter),
       issued(fsdp::CollectiveKind::kAllReduce));
+  fmt::print("profile: waits per unit (training thread)\n{}", fsdp::format_unit_waits(summary));
+  if (o.profile_shapes) {
+    fmt::print("profile: roofline: scripts/roofline.py {} --steps {}\n", path,
+               o.profile_last - o.profile_first + 1);
+  }
 }
 
 // Whether every rank's loss and the global gradient norm are finite (one all-reduce of the loss
@@ -149,7 +156,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
 
 int run(const Options& o, const fsdp::LaunchInfo& launch) {
   torch::set_num_threads(threads_for(o));
-  auto dist = fsdp::init_from_launch(launch);
+  fsdp::InitOptions init;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.comm_timeout_s * 1000));
+  auto dist = fsdp::init_from_launch(launch, init);
   const int rank = dist.group->rank();
   const int64_t local_batch = o.batch / dist.group->size();
   auto root = build_sharded_model(o, dist);
@@ -171,7 +180,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     if (step == o.profile_first) {
       profile_comm_before = root.comm_stats().exposed_seconds;
       profile_stats_before = dist.group->stats();
-      fsdp::start_profiling();
+      fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
     }
     report.start_step(root.comm_stats());
     opt->zero_grad();
@@ -210,6 +219,8 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
             step, grad_norm, skipped);
       }
     } else {
+      // Named so that a trace (and scripts/roofline.py) can tell the optimizer's ops apart.
+      RECORD_USER_SCOPE("optimizer_step");
       opt->step();
     }
     report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());

@@ -25,8 +25,12 @@ bool has_gloo_backend();
 // MPI over MPI_COMM_WORLD (a duplicate), CPU tensors, for processes started by mpirun.
 // Initialises MPI (MPI_THREAD_MULTIPLE) on first use unless the program already did, and
 // finalises it when the last MPI group is destroyed if it initialised it.
+// A wait on a collective that has not completed `timeout` after it was issued (a peer died,
+// hangs or stopped issuing collectives) throws CommError naming the operation and the time
+// waited; MPI cannot cancel the collective, so the job is then aborted (MPI_Abort) when the
+// process destroys its MPI groups or 10 s later, whichever is first. 0: wait forever.
 // Throws UnsupportedError when built without MPI, CommError when MPI fails.
-ProcessGroupPtr make_mpi_world_group();
+ProcessGroupPtr make_mpi_world_group(std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // Gloo through libtorch's c10d, CPU tensors: the engine for torchrun-style launches on CPU.
 // `store` is the rendezvous (a TCPStore in init_from_env). Interface: GLOO_SOCKET_IFNAME if set,
@@ -37,8 +41,12 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, in
 // NCCL, CUDA tensors, one rank per GPU. `unique_id` is the bytes of an ncclUniqueId created by
 // rank 0 (make_nccl_unique_id) and handed to every rank by the caller (init_from_env uses MPI
 // or the TCP store). Throws UnsupportedError when built without NCCL.
+// A watchdog thread aborts the communicator when a collective has not completed `timeout`
+// after it was issued (a dead or stuck peer) or NCCL reports an asynchronous error; waits and
+// later collectives then throw CommError with the cause. 0: no watchdog.
 std::vector<uint8_t> make_nccl_unique_id();
 ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
-                                const std::vector<uint8_t>& unique_id);
+                                const std::vector<uint8_t>& unique_id,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace fsdp

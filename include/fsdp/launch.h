@@ -42,8 +42,10 @@ struct InitOptions {
   std::string backend = "auto";
   // "auto": cuda:LOCAL_RANK when libtorch sees a GPU, else cpu. Or "cpu" / "cuda".
   std::string device = "auto";
-  // How long a collective or the rendezvous waits for peers before failing (Gloo, TCP store).
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // How long a collective or the rendezvous waits for peers before failing with CommError:
+  // Gloo, MPI (which then aborts the job: make_mpi_world_group), the TCP store. A dead,
+  // stuck or diverged peer ends the run in about this time instead of hanging it.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
 struct Distributed {

@@ -81,6 +81,17 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const CollectiveStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CollectiveStats{}; }
 
+  // Desync detection (like TORCH_DISTRIBUTED_DEBUG=DETAIL): before each collective the ranks
+  // exchange its fingerprint (this group's sequence number, the operation, element count,
+  // dtype, reduce op or root) with one small all-gather, and on any difference every rank
+  // throws the same CommError naming the first divergent collective and which ranks issued
+  // what, instead of hanging or mixing unrelated data. Off by default; the environment
+  // variable FSDP_DEBUG_DESYNC=1 turns it on for every group created afterwards. It costs one
+  // blocking round trip per collective. Collectives of the same kind, size and dtype issued
+  // for different purposes are indistinguishable (as in c10d). The fake backend ignores it.
+  void set_desync_check(bool on) { desync_check_ = on; }
+  bool desync_check() const { return desync_check_; }
+
  protected:
   // Backends implement these; arguments are already validated. The defaults throw
   // UnsupportedError("backend X does not support Y").
@@ -101,10 +112,15 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Every rank's color, by an all_gather on `device`.
   std::vector<int> gather_colors(int color, const at::Device& device);
   void count(CollectiveKind kind, const at::Tensor& t);
+  // The desync check before a collective (see set_desync_check): `numel` and `dtype` describe
+  // its input, `detail` the reduce op or broadcast root (-1 when none).
+  void check_in_sync(CollectiveKind kind, int64_t numel, at::ScalarType dtype, int64_t detail);
 
   int rank_;
   int size_;
   CollectiveStats stats_;
+  int64_t issued_ = 0;  // collectives issued through the public calls: the desync sequence
+  bool desync_check_;
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -13,7 +13,7 @@ namespace {
 
 #ifndef FSDP_HAVE_MPI
 bool has_mpi_backend() { return false; }
-ProcessGroupPtr make_mpi_world_group() { missing("MPI", "FSDP_WITH_MPI"); }
+ProcessGroupPtr make_mpi_world_group(std::chrono::milliseconds) { missing("MPI", "FSDP_WITH_MPI"); }
 #endif
 
 #ifndef FSDP_HAVE_GLOO
@@ -27,7 +27,8 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>&, int, int
 #ifndef FSDP_HAVE_NCCL
 bool has_nccl_backend() { return false; }
 std::vector<uint8_t> make_nccl_unique_id() { missing("NCCL", "FSDP_WITH_NCCL"); }
-ProcessGroupPtr make_nccl_group(int, int, int, const std::vector<uint8_t>&) {
+ProcessGroupPtr make_nccl_group(int, int, int, const std::vector<uint8_t>&,
+                                std::chrono::milliseconds) {
   missing("NCCL", "FSDP_WITH_NCCL");
 }
 #endif

@@ -3,6 +3,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/errors.h"
 
@@ -38,6 +42,11 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
+bool desync_env() {
+  const char* v = std::getenv("FSDP_DEBUG_DESYNC");
+  return v != nullptr && *v != '\0' && std::string(v) != "0";
+}
+
 }  // namespace
 
 const char* collective_name(CollectiveKind kind) {
@@ -56,7 +65,8 @@ const char* collective_name(CollectiveKind kind) {
   return "unknown";
 }
 
-ProcessGroup::ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+ProcessGroup::ProcessGroup(int rank, int size)
+    : rank_(rank), size_(size), desync_check_(desync_env()) {
   FSDP_CHECK_ARG(size >= 1, "process group size must be >= 1, got {}", size);
   FSDP_CHECK_ARG(rank >= 0 && rank < size, "process group rank must be in [0, {}), got {}", size,
                  rank);
@@ -92,6 +102,7 @@ WorkPtr ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& inp
                  "all_gather: output numel must be world size x input numel = {} x {} = {}, got {}",
                  size_, input.numel(), size_ * input.numel(), output.numel());
   FSDP_CHECK_ARG(!overlaps(output, input), "all_gather: output and input must not overlap");
+  check_in_sync(CollectiveKind::kAllGather, input.numel(), input.scalar_type(), -1);
   count(CollectiveKind::kAllGather, input);
   return do_all_gather(output, input);
 }
@@ -113,6 +124,8 @@ WorkPtr ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor&
                  "reduce_scatter: ReduceOp::kAvg needs a floating dtype, got {}",
                  c10::toString(input.scalar_type()));
   FSDP_CHECK_ARG(!overlaps(output, input), "reduce_scatter: output and input must not overlap");
+  check_in_sync(CollectiveKind::kReduceScatter, input.numel(), input.scalar_type(),
+                static_cast<int64_t>(op));
   count(CollectiveKind::kReduceScatter, input);
   return do_reduce_scatter(output, input, op);
 }
@@ -122,6 +135,8 @@ WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   FSDP_CHECK_ARG(op != ReduceOp::kAvg || is_floating(tensor.scalar_type()),
                  "all_reduce: ReduceOp::kAvg needs a floating dtype, got {}",
                  c10::toString(tensor.scalar_type()));
+  check_in_sync(CollectiveKind::kAllReduce, tensor.numel(), tensor.scalar_type(),
+                static_cast<int64_t>(op));
   count(CollectiveKind::kAllReduce, tensor);
   return do_all_reduce(tensor, op);
 }
@@ -130,13 +145,71 @@ WorkPtr ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   check_tensor("broadcast", "tensor", tensor);
   FSDP_CHECK_ARG(root >= 0 && root < size_, "broadcast: root must be in [0, {}), got {}", size_,
                  root);
+  check_in_sync(CollectiveKind::kBroadcast, tensor.numel(), tensor.scalar_type(), root);
   count(CollectiveKind::kBroadcast, tensor);
   return do_broadcast(tensor, root);
 }
 
 WorkPtr ProcessGroup::barrier() {
+  check_in_sync(CollectiveKind::kBarrier, 0, at::kByte, -1);
   count(CollectiveKind::kBarrier, at::Tensor());
   return do_barrier();
+}
+
+void ProcessGroup::check_in_sync(CollectiveKind kind, int64_t numel, at::ScalarType dtype,
+                                 int64_t detail) {
+  const int64_t seq = issued_++;
+  if (!desync_check_ || size_ == 1 || backend_name() == "fake") return;
+  constexpr int kFields = 5;
+  const int64_t mine[kFields] = {seq, static_cast<int64_t>(kind), numel,
+                                 static_cast<int64_t>(dtype), detail};
+  auto opts = at::TensorOptions().dtype(at::kLong).device(collective_device());
+  auto in = at::from_blob(const_cast<int64_t*>(mine), {kFields}, at::kLong).clone().to(opts);
+  auto all = at::empty({size_ * kFields}, opts);
+  // Straight to the backend: the fingerprint exchange is neither counted nor itself checked.
+  // Its size is the same on every rank, so it cannot desynchronise.
+  do_all_gather(all, in)->wait();
+  auto cpu = all.cpu();
+  const int64_t* f = cpu.data_ptr<int64_t>();
+  // Ranks grouped by identical fingerprints, in rank order: one group means all agree.
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int>>> groups;
+  for (int r = 0; r < size_; ++r) {
+    std::vector<int64_t> fp(f + r * kFields, f + (r + 1) * kFields);
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == fp; });
+    if (it == groups.end()) {
+      groups.push_back({fp, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (groups.size() == 1) return;
+  auto describe = [](const std::vector<int64_t>& fp) {
+    const auto k = static_cast<CollectiveKind>(fp[1]);
+    std::string what = fmt::format("collective #{}: {}", fp[0], collective_name(k));
+    if (k != CollectiveKind::kBarrier) {
+      what += fmt::format(" of {} {} elements", fp[2],
+                          c10::toString(static_cast<at::ScalarType>(fp[3])));
+    }
+    if (k == CollectiveKind::kBroadcast) what += fmt::format(" from root {}", fp[4]);
+    if (k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduceScatter) {
+      what += fmt::format(" ({})", fp[4] == static_cast<int64_t>(ReduceOp::kAvg) ? "avg" : "sum");
+    }
+    return what;
+  };
+  std::string message = fmt::format(
+      "desynchronised collectives (FSDP_DEBUG_DESYNC): the ranks issued different collectives "
+      "as this group's collective #{} (rank 0's count):",
+      f[0]);
+  for (const auto& [fp, ranks] : groups) {
+    message += fmt::format(" rank{} {} issued {};", ranks.size() > 1 ? "s" : "",
+                           fmt::join(ranks, ","), describe(fp));
+  }
+  message.pop_back();
+  message +=
+      ". Every rank must issue the same collectives in the same order (same modules run, same "
+      "units called, same parameters requiring gradients)";
+  throw CommError(backend_name(), "desync check", rank_, size_, message);
 }
 
 std::vector<int> ProcessGroup::gather_colors(int color, const at::Device& device) {

@@ -99,7 +99,7 @@ std::vector<uint8_t> exchange_nccl_id(const LaunchInfo& launch, std::chrono::mil
   if (launch.world_size == 1) return make_nccl_unique_id();
   if (launch.master_addr.empty() && has_mpi_backend()) {
     // Under mpirun: rank 0's id travels over MPI.
-    auto mpi = make_mpi_world_group();
+    auto mpi = make_mpi_world_group(timeout);
     auto id = at::zeros({128}, at::kByte);
     if (launch.rank == 0) {
       auto bytes = make_nccl_unique_id();
@@ -128,7 +128,7 @@ Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& option
   if (backend == "local") {
     d.group = make_local_groups(1).front();
   } else if (backend == "mpi") {
-    d.group = make_mpi_world_group();
+    d.group = make_mpi_world_group(options.timeout);
     if (d.launch.launcher != "single" &&
         (d.group->rank() != d.launch.rank || d.group->size() != d.launch.world_size)) {
       throw LaunchError(fmt::format(
@@ -143,7 +143,8 @@ Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& option
                               d.launch.world_size, options.timeout);
   } else {
     auto id = exchange_nccl_id(d.launch, options.timeout);
-    d.group = make_nccl_group(d.launch.rank, d.launch.world_size, d.device.index(), id);
+    d.group =
+        make_nccl_group(d.launch.rank, d.launch.world_size, d.device.index(), id, options.timeout);
   }
   return d;
 }

@@ -2,9 +2,13 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include "fsdp/errors.h"
 #include "profile/range.h"
 
 namespace fsdp::detail {
+
+AsyncWork::AsyncWork(const char* label, std::shared_ptr<const QueueDeadline> deadline)
+    : label_(label), deadline_(std::move(deadline)) {}
 
 bool AsyncWork::is_completed() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -13,7 +17,14 @@ bool AsyncWork::is_completed() {
 
 void AsyncWork::wait() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return done_; });
+  if (!deadline_ || deadline_->timeout.count() <= 0) {
+    cv_.wait(lock, [&] { return done_; });
+  } else if (!cv_.wait_until(lock, submitted_ + deadline_->timeout, [&] { return done_; })) {
+    lock.unlock();
+    deadline_->on_timeout(label_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::steady_clock::now() - submitted_));
+    throw Error(fmt::format("{}: timed out", label_));  // on_timeout did not throw
+  }
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -26,7 +37,9 @@ void AsyncWork::finish(std::exception_ptr error) {
   cv_.notify_all();
 }
 
-OpQueue::OpQueue() : worker_([this] { run(); }) {}
+OpQueue::OpQueue(QueueDeadline deadline)
+    : deadline_(std::make_shared<const QueueDeadline>(std::move(deadline))),
+      worker_([this] { run(); }) {}
 
 OpQueue::~OpQueue() {
   {
@@ -37,11 +50,11 @@ OpQueue::~OpQueue() {
   if (worker_.joinable()) worker_.join();
 }
 
-WorkPtr OpQueue::submit(const char* label, std::function<void()> op) {
-  auto work = std::make_shared<AsyncWork>();
+WorkPtr OpQueue::submit(const char* label, int64_t bytes, std::function<void()> op) {
+  auto work = std::make_shared<AsyncWork>(label, deadline_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(Item{label, std::move(op), work});
+    items_.push_back(Item{label, bytes, std::move(op), work});
   }
   cv_.notify_one();
   return work;
@@ -72,7 +85,7 @@ void OpQueue::run() {
     }
     std::exception_ptr error;
     try {
-      FSDP_RANGE(item.label);
+      FSDP_RANGE_BYTES(item.label, item.bytes);
       item.op();
     } catch (...) {
       error = std::current_exception();

@@ -36,10 +36,21 @@ MPI_Datatype mpi_type(at::ScalarType t) {
 
 class MpiProcessGroup final : public ProcessGroup {
  public:
-  MpiProcessGroup(std::shared_ptr<detail::MpiRuntime> runtime, MPI_Comm comm, int rank, int size)
-      : ProcessGroup(rank, size), runtime_(std::move(runtime)), comm_(comm) {}
+  MpiProcessGroup(std::shared_ptr<detail::MpiRuntime> runtime, MPI_Comm comm, int rank, int size,
+                  std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size),
+        runtime_(std::move(runtime)),
+        comm_(comm),
+        timeout_(timeout),
+        queue_(std::make_unique<detail::OpQueue>(deadline())) {}
 
   ~MpiProcessGroup() override {
+    if (runtime_->broken()) {
+      // The worker is stuck in a collective MPI cannot cancel: joining it (or freeing the
+      // communicator under it) would hang. Leak both; the runtime aborts the job.
+      (void)queue_.release();
+      return;
+    }
     queue_.reset();  // finish queued collectives before the communicator goes
     std::lock_guard<std::mutex> lock(serial_mu());
     MPI_Comm_free(&comm_);
@@ -50,7 +61,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    return queue_->submit("fsdp::comm::all_gather", [=] {
+    return queue_->submit("fsdp::comm::all_gather", output.nbytes(), [=] {
       auto in = detail::as_bits(input);
       auto out = detail::as_bits(output);
       call("all_gather", [&] {
@@ -69,7 +80,7 @@ class MpiProcessGroup final : public ProcessGroup {
   // leaves the data to go cold before it is summed.
   WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                             ReduceOp op) override {
-    return queue_->submit("fsdp::comm::reduce_scatter", [=] {
+    return queue_->submit("fsdp::comm::reduce_scatter", input.nbytes(), [=] {
       const int64_t n = output.numel();
       const int world = size();
       count(input);  // displacements are ints: the whole input must fit
@@ -102,7 +113,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    return queue_->submit("fsdp::comm::all_reduce", [=] {
+    return queue_->submit("fsdp::comm::all_reduce", tensor.nbytes(), [=] {
       auto buf = detail::accumulation_buffer(tensor);
       call("all_reduce", [&] {
         return MPI_Allreduce(MPI_IN_PLACE, buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()),
@@ -113,7 +124,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_broadcast(const at::Tensor& tensor, int root) override {
-    return queue_->submit("fsdp::comm::broadcast", [=] {
+    return queue_->submit("fsdp::comm::broadcast", tensor.nbytes(), [=] {
       auto buf = detail::as_bits(tensor);
       call("broadcast", [&] {
         return MPI_Bcast(buf.data_ptr(), count(buf), mpi_type(buf.scalar_type()), root, comm_);
@@ -122,7 +133,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkPtr do_barrier() override {
-    return queue_->submit("fsdp::comm::barrier",
+    return queue_->submit("fsdp::comm::barrier", 0,
                           [=] { call("barrier", [&] { return MPI_Barrier(comm_); }); });
   }
 
@@ -132,17 +143,45 @@ class MpiProcessGroup final : public ProcessGroup {
     // same order everywhere, so it must not race the worker's collectives.
     queue_
         ->submit(
-            "fsdp::comm::split",
+            "fsdp::comm::split", 0,
             [&] { call("split", [&] { return MPI_Comm_split(comm_, color, rank(), &child); }); })
         ->wait();
     int child_rank = 0, child_size = 0;
     FSDP_MPI_CHECK(MPI_Comm_rank(child, &child_rank), "split", rank(), size());
     FSDP_MPI_CHECK(MPI_Comm_size(child, &child_size), "split", rank(), size());
     FSDP_MPI_CHECK(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN), "split", rank(), size());
-    return std::make_shared<MpiProcessGroup>(runtime_, child, child_rank, child_size);
+    return std::make_shared<MpiProcessGroup>(runtime_, child, child_rank, child_size, timeout_);
   }
 
  private:
+  // MPI collectives block until every rank joins and cannot be cancelled, so a dead or stuck
+  // peer would hang this rank forever: a wait gives up after the timeout with CommError, and
+  // the runtime then ends the job (MpiRuntime::abort_job_later).
+  detail::QueueDeadline deadline() const {
+    detail::QueueDeadline d;
+    d.timeout = timeout_;
+    // A weak reference: the leaked queue of a broken group must not keep the runtime alive,
+    // whose destruction aborts the job.
+    d.on_timeout = [weak_runtime = std::weak_ptr<detail::MpiRuntime>(runtime_), rank = rank(),
+                    size = size()](const char* label, std::chrono::milliseconds waited) {
+      std::string op = label;
+      if (op.rfind("fsdp::comm::", 0) == 0) op = op.substr(12);
+      const double secs = waited.count() / 1e3;
+      const auto cause = fmt::format(
+          "did not complete within {:.1f} s (the timeout): a peer died, hangs, or stopped "
+          "issuing collectives. MPI cannot cancel a collective, so the job will be aborted "
+          "(MPI_Abort) when this process destroys its MPI groups, or in {} s",
+          secs, kAbortGrace.count() / 1000);
+      if (auto runtime = weak_runtime.lock()) {
+        runtime->abort_job_later(fmt::format("[mpi rank {}/{}] fsdp: {} {}", rank, size, op, cause),
+                                 kAbortGrace);
+      }
+      throw TimeoutError("mpi", op, rank, size, cause);
+    };
+    return d;
+  }
+  static constexpr std::chrono::milliseconds kAbortGrace{10000};
+
   // MPI counts are int; bigger flat buffers would need chunking, which FSDP's per-group buffers
   // (at most a few GB) have not needed.
   int count(const at::Tensor& t) const {
@@ -178,15 +217,16 @@ class MpiProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<detail::MpiRuntime> runtime_;
   MPI_Comm comm_;
+  std::chrono::milliseconds timeout_;
   at::Tensor scratch_;  // reduce_scatter's receive buffer; used by the worker thread only
-  std::unique_ptr<detail::OpQueue> queue_ = std::make_unique<detail::OpQueue>();
+  std::unique_ptr<detail::OpQueue> queue_;
 };
 
 }  // namespace
 
 bool has_mpi_backend() { return true; }
 
-ProcessGroupPtr make_mpi_world_group() {
+ProcessGroupPtr make_mpi_world_group(std::chrono::milliseconds timeout) {
   auto runtime = detail::MpiRuntime::acquire();
   int rank = 0, size = 0;
   FSDP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "init", -1, -1);
@@ -195,7 +235,7 @@ ProcessGroupPtr make_mpi_world_group() {
   // A private communicator: user traffic on MPI_COMM_WORLD cannot interleave with ours.
   FSDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "init", rank, size);
   FSDP_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "init", rank, size);
-  return std::make_shared<MpiProcessGroup>(runtime, comm, rank, size);
+  return std::make_shared<MpiProcessGroup>(runtime, comm, rank, size, timeout);
 }
 
 }  // namespace fsdp

@@ -1,6 +1,8 @@
 #include "comm/mpi/mpi_runtime.h"
 
+#include <cstdio>
 #include <mutex>
+#include <thread>
 
 namespace fsdp::detail {
 
@@ -40,7 +42,23 @@ std::shared_ptr<MpiRuntime> MpiRuntime::acquire() {
   return rt;
 }
 
+void MpiRuntime::abort_job_later(const std::string& reason, std::chrono::milliseconds grace) {
+  if (broken_.exchange(true)) return;
+  std::fprintf(stderr, "%s\n", reason.c_str());
+  std::fflush(stderr);
+  // Detached: it must not keep the process alive, and the process may end before it wakes.
+  std::thread([grace] {
+    std::this_thread::sleep_for(grace);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }).detach();
+}
+
 MpiRuntime::~MpiRuntime() {
+  if (broken_) {
+    // MPI_Finalize would wait for the stuck collective forever.
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return;
+  }
   if (!initialised_here_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -3,6 +3,8 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -19,10 +21,19 @@ class MpiRuntime {
   // False when MPI granted less than MPI_THREAD_MULTIPLE; groups then serialise MPI calls.
   bool thread_multiple() const { return thread_multiple_; }
 
+  // A collective timed out: a worker thread is stuck inside MPI, which cannot cancel a
+  // collective, so this process can neither free its communicators nor finalise MPI. Prints
+  // `reason` to stderr once, then aborts the job (MPI_Abort on MPI_COMM_WORLD, which ends
+  // every rank) when the last MPI group is destroyed or after `grace`, whichever is first:
+  // the caller gets to report the error before the job goes.
+  void abort_job_later(const std::string& reason, std::chrono::milliseconds grace);
+  bool broken() const { return broken_.load(); }
+
  private:
   MpiRuntime() = default;
   bool initialised_here_ = false;
   bool thread_multiple_ = true;
+  std::atomic<bool> broken_{false};
 };
 
 std::string mpi_error_string(int code);

@@ -1,14 +1,23 @@
 // The NCCL backend: CUDA tensors, one rank per GPU. Collectives run on the group's own
 // communication stream, ordered after the caller's stream by an event; Work::wait() makes the
 // caller's stream wait for the collective's event, so the host never blocks inside a step
-// (the design of c10d's ProcessGroupNCCL, without its watchdog).
+// (the design of c10d's ProcessGroupNCCL). Its watchdog, too: a thread aborts the communicator
+// when a collective has not completed within the timeout or NCCL reports an asynchronous
+// error, so a dead or stuck peer becomes a CommError instead of a hang.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
+#include <thread>
 
 #include "comm/detail/reduce_util.h"
 #include "comm/nccl/cuda_check.h"
 #include "fsdp/backends.h"
 #include "fsdp/errors.h"
+#include "profile/range.h"
 
 namespace fsdp {
 namespace {
@@ -34,10 +43,22 @@ ncclDataType_t nccl_type(at::ScalarType t) {
   }
 }
 
+// Set once by the watchdog when it aborted the communicator; read by every wait and launch.
+struct NcclHealth {
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::string cause;
+  std::string get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return cause;
+  }
+};
+
 class NcclWork final : public Work {
  public:
   NcclWork(int device, cudaEvent_t done, ncclComm_t comm, std::vector<at::Tensor> keep_alive,
-           std::function<void()> after_wait, bool host_blocking, int rank, int size)
+           std::function<void()> after_wait, bool host_blocking, int rank, int size, const char* op,
+           std::shared_ptr<NcclHealth> health)
       : device_(device),
         done_(done),
         comm_(comm),
@@ -45,7 +66,12 @@ class NcclWork final : public Work {
         after_wait_(std::move(after_wait)),
         host_blocking_(host_blocking),
         rank_(rank),
-        size_(size) {}
+        size_(size),
+        op_(op),
+        health_(std::move(health)) {}
+
+  const char* op() const { return op_; }
+  std::chrono::steady_clock::time_point issued() const { return issued_; }
 
   ~NcclWork() override { cudaEventDestroy(done_); }
 
@@ -53,9 +79,11 @@ class NcclWork final : public Work {
 
   void wait() override {
     detail::CudaDeviceGuard guard(device_);
+    check_aborted();
     check_async_error();
     if (host_blocking_) {
       FSDP_CUDA_CHECK(cudaEventSynchronize(done_), "wait", rank_, size_);
+      check_aborted();  // the watchdog's abort is what ended a stuck wait
     } else {
       FSDP_CUDA_CHECK(cudaStreamWaitEvent(detail::current_cuda_stream(device_), done_, 0), "wait",
                       rank_, size_);
@@ -69,7 +97,12 @@ class NcclWork final : public Work {
   }
 
  private:
+  void check_aborted() {
+    if (health_->aborted) throw CommError("nccl", op_, rank_, size_, health_->get());
+  }
+
   void check_async_error() {
+    if (health_->aborted) return;  // an aborted communicator is not to be queried
     ncclResult_t async = ncclSuccess;
     FSDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async), "wait", rank_, size_);
     if (async != ncclSuccess) {
@@ -85,21 +118,32 @@ class NcclWork final : public Work {
   std::function<void()> after_wait_;
   bool host_blocking_;
   int rank_, size_;
+  const char* op_;
+  std::shared_ptr<NcclHealth> health_;
+  std::chrono::steady_clock::time_point issued_ = std::chrono::steady_clock::now();
 };
 
 class NcclProcessGroup final : public ProcessGroup {
  public:
-  NcclProcessGroup(int rank, int size, int device, ncclComm_t comm)
-      : ProcessGroup(rank, size), device_(device), comm_(comm) {
+  NcclProcessGroup(int rank, int size, int device, ncclComm_t comm,
+                   std::chrono::milliseconds timeout)
+      : ProcessGroup(rank, size), device_(device), comm_(comm), timeout_(timeout) {
     detail::CudaDeviceGuard guard(device_);
     FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "init", rank, size);
+    if (timeout_.count() > 0) watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    watchdog_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
     detail::CudaDeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);
     inflight_.clear();
-    ncclCommDestroy(comm_);
+    if (!health_->aborted) ncclCommDestroy(comm_);  // ncclCommAbort already freed it
     cudaStreamDestroy(stream_);
   }
 
@@ -183,7 +227,7 @@ class NcclProcessGroup final : public ProcessGroup {
     int child_rank = 0;
     FSDP_NCCL_CHECK(ncclCommUserRank(child, &child_rank), "split", rank(), size());
     return std::make_shared<NcclProcessGroup>(child_rank, static_cast<int>(members.size()), device_,
-                                              child);
+                                              child, timeout_);
   }
 
  private:
@@ -200,6 +244,7 @@ class NcclProcessGroup final : public ProcessGroup {
   template <typename Issue>
   WorkPtr launch(const char* op, std::vector<at::Tensor> tensors, std::function<void()> after,
                  bool host_blocking, Issue issue) {
+    if (health_->aborted) throw CommError("nccl", op, rank(), size(), health_->get());
     detail::CudaDeviceGuard guard(device_);
     cudaStream_t caller = detail::current_cuda_stream(device_);
     cudaEvent_t ready = nullptr, done = nullptr;
@@ -207,11 +252,19 @@ class NcclProcessGroup final : public ProcessGroup {
     FSDP_CUDA_CHECK(cudaEventRecord(ready, caller), op, rank(), size());
     FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0), op, rank(), size());
     cudaEventDestroy(ready);  // safe: destruction is deferred until the event completes
-    FSDP_NCCL_CHECK(issue(stream_), op, rank(), size());
+    {
+      // On the issuing thread: NVTX projects the range onto the kernels it launched, so
+      // Nsight shows fsdp::comm::<op> on the NCCL stream.
+      int64_t bytes = 0;
+      for (const auto& t : tensors) bytes = std::max<int64_t>(bytes, t.nbytes());
+      FSDP_RANGE_BYTES(std::string("fsdp::comm::") + op, bytes);
+      FSDP_NCCL_CHECK(issue(stream_), op, rank(), size());
+    }
     FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), op, rank(), size());
     FSDP_CUDA_CHECK(cudaEventRecord(done, stream_), op, rank(), size());
-    auto work = std::make_shared<NcclWork>(device_, done, comm_, std::move(tensors),
-                                           std::move(after), host_blocking, rank(), size());
+    auto work =
+        std::make_shared<NcclWork>(device_, done, comm_, std::move(tensors), std::move(after),
+                                   host_blocking, rank(), size(), op, health_);
     // Until its event completes the group keeps the Work (and so its tensors) alive, so memory
     // a caller dropped early is not handed out again while NCCL still reads or writes it.
     std::lock_guard<std::mutex> lock(mu_);
@@ -220,11 +273,53 @@ class NcclProcessGroup final : public ProcessGroup {
     return work;
   }
 
+  // The watchdog (c10d's, in small): every 100 ms, the oldest collective still running is
+  // checked against the timeout, and the communicator against NCCL's asynchronous errors. On
+  // either it aborts the communicator, which makes the stuck kernels return; every wait and
+  // launch after that throws CommError with the cause.
+  void watch() {
+    detail::CudaDeviceGuard guard(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stopping_) return;
+      while (!inflight_.empty() && inflight_.front()->is_completed()) inflight_.pop_front();
+      std::string cause;
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess) {
+        cause = fmt::format("asynchronous NCCL error: {}", ncclGetErrorString(async));
+      } else if (!inflight_.empty()) {
+        const auto waited = std::chrono::steady_clock::now() - inflight_.front()->issued();
+        if (waited > timeout_) {
+          cause = fmt::format(
+              "{} did not complete within {:.1f} s (the timeout): a peer died, hangs, or stopped "
+              "issuing collectives",
+              inflight_.front()->op(), std::chrono::duration<double>(waited).count());
+        }
+      }
+      if (cause.empty()) continue;
+      cause += "; the communicator was aborted (ncclCommAbort), this group cannot be used again";
+      {
+        std::lock_guard<std::mutex> health_lock(health_->mu);
+        health_->cause = cause;
+      }
+      std::fprintf(stderr, "[nccl rank %d/%d] fsdp: %s\n", rank(), size(), cause.c_str());
+      ncclCommAbort(comm_);
+      health_->aborted = true;
+      return;
+    }
+  }
+
   int device_;
   ncclComm_t comm_;
+  std::chrono::milliseconds timeout_;
   cudaStream_t stream_ = nullptr;
-  std::mutex mu_;
+  std::mutex mu_;  // inflight_ and stopping_
   std::deque<std::shared_ptr<NcclWork>> inflight_;
+  std::shared_ptr<NcclHealth> health_ = std::make_shared<NcclHealth>();
+  bool stopping_ = false;
+  std::condition_variable watchdog_cv_;
+  std::thread watchdog_;  // last: it starts after everything it reads
 };
 
 }  // namespace
@@ -239,7 +334,8 @@ std::vector<uint8_t> make_nccl_unique_id() {
 }
 
 ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
-                                const std::vector<uint8_t>& unique_id) {
+                                const std::vector<uint8_t>& unique_id,
+                                std::chrono::milliseconds timeout) {
   FSDP_CHECK_ARG(world_size >= 1 && rank >= 0 && rank < world_size,
                  "make_nccl_group: rank {} is not in [0, {})", rank, world_size);
   FSDP_CHECK_ARG(unique_id.size() == sizeof(ncclUniqueId),
@@ -255,7 +351,7 @@ ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
   std::memcpy(&id, unique_id.data(), sizeof(id));
   ncclComm_t comm = nullptr;
   FSDP_NCCL_CHECK(ncclCommInitRank(&comm, world_size, id, rank), "init", rank, world_size);
-  return std::make_shared<NcclProcessGroup>(rank, world_size, device, comm);
+  return std::make_shared<NcclProcessGroup>(rank, world_size, device, comm, timeout);
 }
 
 }  // namespace fsdp

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Soak: the trainer at world 4 (MPI, cpu-small, one thread per rank) for MINUTES (default 30),
+# saving a checkpoint every 5 steps (the last 2 kept), while every 10 s each rank's resident
+# memory, open file descriptors and threads are sampled from /proc. Reports growth after the
+# warm-up (the first 20% of the run) and writes bench/results/soak.csv.
+#   bench/soak.sh [--minutes M]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build}"
+minutes=30
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --minutes) minutes="$2"; shift 2 ;;
+    *) echo "usage: $0 [--minutes M]" >&2; exit 2 ;;
+  esac
+done
+TRAIN="$build/bin/train_minillm"
+PY="${FSDP_PYTHON:-${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}/bin/python}"
+[ -x "$TRAIN" ] || { echo "soak: build first ($TRAIN missing)" >&2; exit 2; }
+mpi=(mpirun --oversubscribe -n 4)
+[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+tmp="$(mktemp -d)"; trap 'kill "$job" 2>/dev/null; rm -rf "$tmp"' EXIT
+out="$root/bench/results/soak.csv"
+"${mpi[@]}" "$TRAIN" --preset cpu-small --threads 1 --steps 1000000 --save-dir "$tmp/ckpt" \
+  --save-every 5 --keep 2 > "$tmp/log" 2>&1 &
+job=$!
+echo "t_s,pid,rss_kib,fds,threads,step" > "$out"
+end=$((SECONDS + minutes * 60))
+while [ $SECONDS -lt $end ] && kill -0 "$job" 2>/dev/null; do
+  sleep 10
+  step=$(grep -o "^step *[0-9]*" "$tmp/log" | tail -1 | awk '{print $2}')
+  for pid in $(pgrep -f "$TRAIN --preset cpu-small"); do
+    [ -r "/proc/$pid/status" ] || continue
+    rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
+    thr=$(awk '/^Threads/ {print $2}' "/proc/$pid/status")
+    fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
+    echo "$SECONDS,$pid,$rss,$fds,$thr,${step:-0}" >> "$out"
+  done
+done
+kill -0 "$job" 2>/dev/null || { echo "soak: the trainer stopped early"; tail -20 "$tmp/log"; exit 1; }
+kill "$job"; wait "$job" 2>/dev/null || true
+"$PY" - "$out" "$minutes" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+t_end = max(int(r["t_s"]) for r in rows)
+warm = 0.2 * t_end
+fail = []
+for pid in sorted({r["pid"] for r in rows}):
+    mine = [r for r in rows if r["pid"] == pid and int(r["t_s"]) >= warm]
+    first, last = mine[0], mine[-1]
+    peak = max(int(r["rss_kib"]) for r in mine)
+    growth = (int(last["rss_kib"]) - int(first["rss_kib"])) / int(first["rss_kib"])
+    print(f"pid {pid}: RSS {int(first['rss_kib']) / 1024:.0f} -> {int(last['rss_kib']) / 1024:.0f} MiB "
+          f"after warm-up ({100 * growth:+.2f}%, peak {peak / 1024:.0f} MiB); fds {first['fds']} -> "
+          f"{last['fds']}; threads {first['threads']} -> {last['threads']}")
+    if growth > 0.02: fail.append(f"pid {pid}: RSS grew {100 * growth:.2f}%")
+    if int(last["fds"]) > int(first["fds"]): fail.append(f"pid {pid}: fds {first['fds']} -> {last['fds']}")
+    if int(last["threads"]) > int(first["threads"]): fail.append(f"pid {pid}: threads grew")
+steps = max(int(r["step"]) for r in rows)
+print(f"soak: {t_end / 60:.1f} min, {steps} steps, checkpoints every 5 steps; "
+      + ("; ".join(fail) if fail else "RSS within 2% after warm-up, no fd or thread growth"))
+sys.exit(1 if fail else 0)
+PY

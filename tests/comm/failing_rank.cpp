@@ -1,0 +1,72 @@
+// One rank misbehaves after a first barrier; the others keep issuing all-reduces and must end
+// in bounded time, never hang. Run under mpirun or scripts/launch.sh (tests/comm/failure_modes.sh).
+//   failing_rank MODE TIMEOUT_S
+// MODE, for the last rank:
+//   stuck  stops issuing collectives (sleeps 300 s) and stays alive: survivors must raise
+//          CommError within the group's timeout (TIMEOUT_S);
+//   throw  throws out of its work; main reports it and returns 1, as a trainer would;
+//   exit   leaves quietly with status 0 in the middle of the run;
+//   kill   is SIGKILLed;
+//   desync issues an all-gather where the others all-reduce (run with FSDP_DEBUG_DESYNC=1:
+//          every rank must raise CommError naming the divergent collective).
+// Survivors that raise print "rank R: CommError after S s: WHAT" and return 3; one whose
+// collectives never fail returns 1.
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "fsdp/fsdp.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void misbehave(const std::string& mode) {
+  if (mode == "stuck") std::this_thread::sleep_for(std::chrono::seconds(300));
+  if (mode == "throw") throw std::runtime_error("failing_rank: this rank's step failed");
+  if (mode == "exit") std::_Exit(0);
+  if (mode == "kill") std::raise(SIGKILL);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync TIMEOUT_S\n";
+    return 2;
+  }
+  const std::string mode = argv[1];
+  fsdp::InitOptions options;
+  options.timeout = std::chrono::seconds(std::atoi(argv[2]));
+  auto d = fsdp::init_from_env(options);
+  const int rank = d.group->rank(), last = d.group->size() - 1;
+  d.group->barrier()->wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; seconds_since(t0) < 120; ++i) {
+      if (rank == last && i == 3) misbehave(mode);
+      auto t = at::ones({4096});
+      if (rank == last && i == 3 && mode == "desync") {
+        d.group->all_gather(at::empty({4096 * d.group->size()}), t)->wait();
+      } else {
+        d.group->all_reduce(t, fsdp::ReduceOp::kSum)->wait();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const fsdp::CommError& e) {
+    std::cout << "rank " << rank << ": CommError after " << seconds_since(t0) << " s: " << e.what()
+              << std::endl;
+    return 3;
+  } catch (const std::exception& e) {
+    std::cout << "rank " << rank << ": error: " << e.what() << std::endl;
+    return 1;
+  }
+  std::cout << "rank " << rank << ": collectives did not fail in 120 s" << std::endl;
+  return 1;
+}

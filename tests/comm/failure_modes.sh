@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# A dead, stuck or failing rank ends the whole job in bounded time, under mpirun (MPI) and under
+# scripts/launch.sh (Gloo), at worlds 2 and 4; prints each case's time to failure.
+#   failure_modes.sh FAILING_RANK TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
+# Cases (tests/comm/failing_rank.cpp): the last rank stops issuing collectives (survivors must
+# raise CommError within the 5 s timeout, then the job ends), throws, is SIGKILLed, or issues
+# another collective than the others (FSDP_DEBUG_DESYNC=1: every rank must name it); and the
+# trainer with one rank killed by kill -9 in the middle of training.
+set -uo pipefail
+failing="$1"; train="$2"; shift 2
+mpiexec=("$@")
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+launch="$root/scripts/launch.sh"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+timeout_s=5
+limit=$((timeout_s + 25))  # the bound each case must meet, seconds
+fail=0
+
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+
+# run LABEL COMMAND...: runs it under a hard cap; sets rc, secs, log.
+run() {
+  local label="$1"; shift
+  local t0=$EPOCHREALTIME
+  timeout -k 5 $((limit + 30)) "$@" > "$tmp/log" 2>&1
+  rc=$?
+  secs=$(elapsed "$t0")
+  log="$tmp/log"
+}
+
+check() {  # LABEL: the job failed (non-zero) within the limit
+  local label="$1" detail="$2"
+  local ok=1
+  [ "$rc" -ne 0 ] || ok=0
+  # (The hard caps fire only after the limit, so a hang fails the time check.)
+  awk -v s="$secs" -v l="$limit" 'BEGIN { exit !(s < l) }' || ok=0
+  if [ "$ok" -eq 1 ]; then
+    printf '%-28s ended in %5.1f s (exit %d)%s\n' "$label" "$secs" "$rc" "$detail"
+  else
+    printf '%-28s FAILED: exit %d after %.1f s (limit %d s)\n' "$label" "$rc" "$secs" "$limit"
+    tail -20 "$log"
+    fail=1
+  fi
+}
+
+for np in 2 4; do
+  for mode in stuck throw kill desync; do
+    for via in mpirun launch; do
+      desync=0; [ "$mode" = desync ] && desync=1
+      if [ "$via" = mpirun ]; then
+        run "$via" env FSDP_DEBUG_DESYNC=$desync "${mpiexec[@]}" -n "$np" "$failing" "$mode" \
+          "$timeout_s"
+      else
+        run "$via" env FSDP_BACKEND=gloo FSDP_DEBUG_DESYNC=$desync "$launch" --nproc "$np" \
+          "$failing" "$mode" "$timeout_s"
+      fi
+      detail=""
+      if [ "$mode" = desync ]; then
+        # Every rank names the divergent collective, none waits for the timeout.
+        named=$(grep -c "CommError after .*desynchronised collectives" "$log")
+        if [ "$named" -ne "$np" ]; then
+          echo "$via np$np desync: $named of $np ranks named the desync"; tail -20 "$log"; fail=1
+        fi
+        detail=" - $(grep -m1 -o "rank[s]* [0-9,]* issued [^;]*;" "$log")"
+      fi
+      if [ "$mode" = stuck ]; then
+        # Survivors detect it themselves: CommError naming the operation and the time waited.
+        first=$(grep -m1 "CommError after" "$log")
+        if [ -z "$first" ]; then
+          echo "$via np$np stuck: no survivor raised CommError"; tail -20 "$log"; fail=1
+        fi
+        detail=" - ${first:0:160}"
+      fi
+      check "$via np$np $mode" "$detail"
+    done
+  done
+done
+
+# The trainer, one rank killed with kill -9 in the middle of training.
+for np in 2 4; do
+  for via in mpirun launch; do
+    args=(--vocab 2000 --dim 128 --layers 3 --heads 4 --seq 64 --batch 4 --steps 100000 --threads 1
+          --data synthetic --comm-timeout "$timeout_s")
+    if [ "$via" = mpirun ]; then
+      "${mpiexec[@]}" -n "$np" "$train" "${args[@]}" > "$tmp/train.log" 2>&1 &
+    else
+      FSDP_BACKEND=gloo "$launch" --nproc "$np" "$train" "${args[@]}" > "$tmp/train.log" 2>&1 &
+    fi
+    job=$!
+    for _ in $(seq 1 200); do grep -q "^step    3 " "$tmp/train.log" && break; sleep 0.1; done
+    victim=$(pgrep -n -f "$train --vocab 2000")
+    t0=$EPOCHREALTIME
+    kill -9 "$victim"
+    ( sleep $((limit + 30)); kill -9 "$job" 2>/dev/null ) & cap=$!
+    wait "$job"; rc=$?
+    kill "$cap" 2>/dev/null
+    secs=$(elapsed "$t0")
+    log="$tmp/train.log"
+    check "trainer $via np$np kill -9" ""
+    pkill -9 -f "$train --vocab 2000" 2>/dev/null
+  done
+done
+[ "$fail" -eq 0 ] && echo "failure modes: passed"
+exit "$fail"
