@@ -58,9 +58,4 @@ for r in $(seq 1 "$rounds"); do
   tail -3 "$out/checkpoint.csv"
 done
 
-peak=$(awk '{print $2}' "$out/matmul.txt" 2>/dev/null || true)
-if [ -n "$peak" ] && [ -e "$out/speed.csv" ]; then
-  "$py" "$root/bench/make_report.py" --results "$out" --peak-gflops "$peak" \
-    --report "$root/bench/RESULTS.md"
-  echo "checkpoint_bench: rewrote bench/RESULTS.md"
-fi
+"$root/bench/rewrite_report.sh" "$py"

@@ -4,7 +4,7 @@
 # memory, open file descriptors and threads are sampled from /proc. Reports growth after the
 # warm-up (the first 20% of the run) and writes bench/results/soak.csv.
 #   bench/soak.sh [--minutes M]
-set -euo pipefail
+set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
 minutes=30
@@ -40,7 +40,7 @@ while [ $SECONDS -lt $end ] && kill -0 "$job" 2>/dev/null; do
 done
 kill -0 "$job" 2>/dev/null || { echo "soak: the trainer stopped early"; tail -20 "$tmp/log"; exit 1; }
 kill "$job"; wait "$job" 2>/dev/null || true
-"$PY" - "$out" "$minutes" <<'PY'
+"$PY" - "$out" "$minutes" <<'PY' | tee "$root/bench/results/soak.txt"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 t_end = max(int(r["t_s"]) for r in rows)
@@ -62,3 +62,6 @@ print(f"soak: {t_end / 60:.1f} min, {steps} steps, checkpoints every 5 steps; "
       + ("; ".join(fail) if fail else "RSS within 2% after warm-up, no fd or thread growth"))
 sys.exit(1 if fail else 0)
 PY
+verdict=${PIPESTATUS[0]}
+"$root/bench/rewrite_report.sh" "$PY"
+exit "$verdict"

@@ -4,6 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+#include <limits>
+
 #include "fsdp/checkpoint.h"
 
 namespace fsdp::detail {
@@ -11,6 +14,38 @@ namespace {
 
 constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
 constexpr int kFormatVersion = 1;
+
+// An integer field, strictly: nlohmann's get<T> would convert a JSON float (undefined
+// behaviour when it does not fit; found by fuzz/fuzz_manifest.cpp) or wrap an integer outside
+// T's range. Throws nlohmann's type_error, which the caller reports with the entry's name.
+template <typename T>
+T integer(const nlohmann::json& v) {
+  auto bad = [&](const char* what) {
+    return nlohmann::json::type_error::create(302, std::string(what) + ", got " + v.dump(), &v);
+  };
+  if (!v.is_number_integer()) throw bad("expected an integer");
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw bad("integer too large");
+    return static_cast<T>(u);
+  }
+  const int64_t i = v.get<int64_t>();
+  if (i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+      (sizeof(T) < sizeof(int64_t) && i > static_cast<int64_t>(std::numeric_limits<T>::max()))) {
+    throw bad("integer out of range");
+  }
+  return static_cast<T>(i);
+}
+
+template <typename T>
+std::vector<T> integers(const nlohmann::json& v) {
+  if (!v.is_array()) {
+    throw nlohmann::json::type_error::create(302, "expected an array, got " + v.dump(), &v);
+  }
+  std::vector<T> out;
+  for (const auto& x : v) out.push_back(integer<T>(x));
+  return out;
+}
 
 const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
   static const std::vector<std::pair<at::ScalarType, const char*>> names = {
@@ -77,16 +112,18 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   std::string where = "the header";
   try {
     if (j.at("format").get<std::string>() != kFormat) throw fail("not an fsdp-cpp checkpoint");
-    const int version = j.at("version").get<int>();
+    const int version = integer<int>(j.at("version"));
     if (version != kFormatVersion) {
       throw fail(fmt::format("format version {}, this library reads {}", version, kFormatVersion));
     }
     m.library_version = j.at("library_version").get<std::string>();
-    m.world_size = j.at("world_size").get<int>();
-    m.step = j.at("step").get<int64_t>();
+    m.world_size = integer<int>(j.at("world_size"));
+    m.step = integer<int64_t>(j.at("step"));
     m.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
     m.optimizer = j.at("optimizer").get<std::string>();
-    m.optimizer_steps = j.at("optimizer_steps").get<std::map<std::string, int64_t>>();
+    for (const auto& [name, steps] : j.at("optimizer_steps").items()) {
+      m.optimizer_steps[name] = integer<int64_t>(steps);
+    }
     if (m.world_size < 1) throw fail(fmt::format("world_size {} < 1", m.world_size));
     for (const auto& jt : j.at("tensors")) {
       StoredTensor t;
@@ -98,26 +135,40 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
         if (dtype == name) t.dtype = type, known = true;
       }
       if (!known) throw fail(fmt::format("{} has unknown dtype '{}'", where, dtype));
-      t.shape = jt.at("shape").get<std::vector<int64_t>>();
+      t.shape = integers<int64_t>(jt.at("shape"));
+      // Every size below is computed in int64: dimensions must be non-negative and a row's
+      // and the whole tensor's bytes must fit, or a hostile manifest overflows them.
+      int64_t rb = static_cast<int64_t>(c10::elementSize(t.dtype)), all_bytes = 0;
+      bool sizes_fit = true;
+      for (size_t d = 0; d < t.shape.size(); ++d) {
+        sizes_fit = sizes_fit && t.shape[d] >= 0 &&
+                    (d == 0 || !__builtin_mul_overflow(rb, t.shape[d], &rb));
+      }
       const int64_t total_rows = t.shape.empty() ? 1 : t.shape[0];
-      const int64_t rb = row_bytes(t.shape, t.dtype);
+      if (!sizes_fit || __builtin_mul_overflow(rb, total_rows, &all_bytes)) {
+        throw fail(fmt::format("{}: shape has a negative or too large dimension", where));
+      }
       for (const auto& jr : jt.at("stored")) {
         StoredRows r;
-        r.rank = jr.at("rank").get<int>();
+        r.rank = integer<int>(jr.at("rank"));
         r.file = jr.at("file").get<std::string>();
-        auto rows = jr.at("rows").get<std::vector<int64_t>>();
+        auto rows = integers<int64_t>(jr.at("rows"));
         if (rows.size() != 2) throw fail(fmt::format("{}: rows must be [begin, end]", where));
         r.row_begin = rows[0];
         r.row_end = rows[1];
-        r.offset = jr.at("offset").get<int64_t>();
-        r.nbytes = jr.at("nbytes").get<int64_t>();
-        r.chunk_rows = jr.at("chunk_rows").get<int64_t>();
-        r.crc32 = jr.at("crc32").get<std::vector<uint32_t>>();
-        const int64_t n = r.row_end - r.row_begin;
-        if (r.row_begin < 0 || n < 0 || r.row_end > total_rows || r.offset < 0 ||
-            r.nbytes != n * rb || r.chunk_rows < 1 ||
-            static_cast<int64_t>(r.crc32.size()) != (n + r.chunk_rows - 1) / r.chunk_rows ||
-            r.file.empty() || r.file.find('/') != std::string::npos) {
+        r.offset = integer<int64_t>(jr.at("offset"));
+        r.nbytes = integer<int64_t>(jr.at("nbytes"));
+        r.chunk_rows = integer<int64_t>(jr.at("chunk_rows"));
+        r.crc32 = integers<uint32_t>(jr.at("crc32"));
+        // Rows inside the tensor first: then n * rb and the chunk count cannot overflow.
+        const bool rows_inside =
+            r.row_begin >= 0 && r.row_end >= r.row_begin && r.row_end <= total_rows;
+        const int64_t n = rows_inside ? r.row_end - r.row_begin : 0;
+        const int64_t chunks =
+            r.chunk_rows >= 1 ? n / r.chunk_rows + (n % r.chunk_rows != 0 ? 1 : 0) : -1;
+        if (!rows_inside || r.offset < 0 || r.nbytes != n * rb || r.chunk_rows < 1 ||
+            static_cast<int64_t>(r.crc32.size()) != chunks || r.file.empty() ||
+            r.file.find('/') != std::string::npos) {
           throw fail(
               fmt::format("{}: inconsistent stored rows of rank {} in {}", where, r.rank, r.file));
         }

@@ -146,8 +146,9 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
       }
       continue;
     }
+    const std::string& tensor = name;  // a lambda may not capture a structured binding (C++17)
     auto bad = [&](const std::string& what) {
-      malformed(path, fmt::format("tensor '{}': {}", name, what));
+      malformed(path, fmt::format("tensor '{}': {}", tensor, what));
     };
     if (!info.is_object()) bad("entry is not an object");
     if (!info.contains("dtype") || !info["dtype"].is_string()) bad("no dtype");

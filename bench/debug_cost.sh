@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# What profiling costs: the trainer's step time (cpu-small, world 2, MPI, one thread per rank)
-# with profiling off, on (shapes and FLOPs recorded, the default) and on without shapes,
-# alternating runs; and, for "off", the bound from the ranges themselves: ns per disabled range
+# What the debugging aids cost: the trainer's step time (cpu-small, world 2, MPI, one thread
+# per rank) with nothing on, with profiling on (shapes and FLOPs recorded, the default), on
+# without shapes, and with desync detection (FSDP_DEBUG_DESYNC=1), alternating runs; and, for
+# profiling off, the bound from the ranges themselves: ns per disabled range
 # (bench/range_cost.cpp) x FSDP ranges per step (counted in a trace) / step time. Writes
-# bench/results/profiler_cost.csv and prints the ratios of medians.
-#   bench/profiler_cost.sh [--rounds 3]
+# bench/results/debug_cost.csv and prints the ratios of medians.
+#   bench/debug_cost.sh [--rounds 3]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
@@ -25,18 +26,20 @@ mpi=(mpirun --oversubscribe -n 2)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-out="$root/bench/results/profiler_cost.csv"
+out="$root/bench/results/debug_cost.csv"
 echo "mode,round,median_step_s" > "$out"
 # Steps 2..7 are measured in every mode; "on" profiles exactly those steps.
 common=(--preset cpu-small --steps 8 --threads 1 --data synthetic)
 for round in $(seq 1 "$rounds"); do
-  for mode in off on on-no-shapes; do
+  for mode in off on on-no-shapes desync; do
     extra=()
+    desync=0
     case "$mode" in
+      desync) desync=1 ;;
       on) extra=(--profile-steps 2:7 --profile-dir "$tmp/prof") ;;
       on-no-shapes) extra=(--profile-steps 2:7 --profile-dir "$tmp/prof_ns" --no-profile-shapes) ;;
     esac
-    "${mpi[@]}" "$TRAIN" "${common[@]}" "${extra[@]}" --metrics-out "$tmp/m.jsonl" > "$tmp/log" 2>&1 ||
+    FSDP_DEBUG_DESYNC=$desync "${mpi[@]}" "$TRAIN" "${common[@]}" "${extra[@]}" --metrics-out "$tmp/m.jsonl" > "$tmp/log" 2>&1 ||
       { cat "$tmp/log"; exit 1; }
     med=$("$PY" -c '
 import json, statistics, sys
@@ -47,11 +50,11 @@ print(statistics.median(r["step_s"] for r in rows if 2 <= r["step"] <= 7))' "$tm
   done
 done
 ns=$("$COST" | tee /dev/stderr | awk '/^range_cost_ns/ {print $2}')
-"$PY" - "$out" "$tmp/prof/rank0.json" "$ns" <<'PY'
+"$PY" - "$out" "$tmp/prof/rank0.json" "$ns" <<'PY' | tee "$root/bench/results/debug_cost.txt"
 import csv, json, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 med = {m: statistics.median(float(r["median_step_s"]) for r in rows if r["mode"] == m)
-       for m in ("off", "on", "on-no-shapes")}
+       for m in ("off", "on", "on-no-shapes", "desync")}
 trace = json.load(open(sys.argv[2]))
 ranges = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("fsdp::"))
 per_step = ranges / 6  # steps 2..7, rank 0 (both of its threads)
@@ -59,7 +62,9 @@ ns = float(sys.argv[3])
 off_bound = per_step * ns * 1e-9 / med["off"]
 print(f"profiling on (shapes + FLOPs): {med['on'] / med['off']:.3f}x the step time off; "
       f"on without shapes: {med['on-no-shapes'] / med['off']:.3f}x "
-      f"(medians of {len(rows) // 3} alternating runs; off {med['off']:.3f} s/step)")
+      f"(medians of {len(rows) // 4} alternating runs; off {med['off']:.3f} s/step)")
+print(f"desync detection (FSDP_DEBUG_DESYNC=1): {med['desync'] / med['off']:.3f}x the step time")
 print(f"profiling off: {per_step:.0f} FSDP ranges per step x {ns:.1f} ns = "
       f"{per_step * ns / 1e3:.1f} us per step, {100 * off_bound:.4f}% of the step")
 PY
+"$root/bench/rewrite_report.sh" "$PY"
