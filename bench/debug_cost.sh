@@ -28,23 +28,23 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 out="$root/bench/results/debug_cost.csv"
 echo "mode,round,median_step_s" > "$out"
-# Steps 2..7 are measured in every mode; "on" profiles exactly those steps.
-common=(--preset cpu-small --steps 8 --threads 1 --data synthetic)
+# Steps 2..11 are measured in every mode; "on" profiles exactly those steps.
+common=(--preset cpu-small --steps 12 --threads 1 --data synthetic)
 for round in $(seq 1 "$rounds"); do
   for mode in off on on-no-shapes desync; do
     extra=()
     desync=0
     case "$mode" in
       desync) desync=1 ;;
-      on) extra=(--profile-steps 2:7 --profile-dir "$tmp/prof") ;;
-      on-no-shapes) extra=(--profile-steps 2:7 --profile-dir "$tmp/prof_ns" --no-profile-shapes) ;;
+      on) extra=(--profile-steps 2:11 --profile-dir "$tmp/prof") ;;
+      on-no-shapes) extra=(--profile-steps 2:11 --profile-dir "$tmp/prof_ns" --no-profile-shapes) ;;
     esac
     FSDP_DEBUG_DESYNC=$desync "${mpi[@]}" "$TRAIN" "${common[@]}" "${extra[@]}" --metrics-out "$tmp/m.jsonl" > "$tmp/log" 2>&1 ||
       { cat "$tmp/log"; exit 1; }
     med=$("$PY" -c '
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(statistics.median(r["step_s"] for r in rows if 2 <= r["step"] <= 7))' "$tmp/m.jsonl")
+print(statistics.median(r["step_s"] for r in rows if 2 <= r["step"] <= 11))' "$tmp/m.jsonl")
     echo "$mode,$round,$med" >> "$out"
     echo "round $round $mode: median step $med s"
   done
@@ -57,7 +57,7 @@ med = {m: statistics.median(float(r["median_step_s"]) for r in rows if r["mode"]
        for m in ("off", "on", "on-no-shapes", "desync")}
 trace = json.load(open(sys.argv[2]))
 ranges = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"].startswith("fsdp::"))
-per_step = ranges / 6  # steps 2..7, rank 0 (both of its threads)
+per_step = ranges / 10  # steps 2..11, rank 0 (both of its threads)
 ns = float(sys.argv[3])
 off_bound = per_step * ns * 1e-9 / med["off"]
 print(f"profiling on (shapes + FLOPs): {med['on'] / med['off']:.3f}x the step time off; "

@@ -17,7 +17,7 @@ def section(results):
         rounds = len({r["round"] for r in rows})
         lines += ["## Debugging aids: what they cost", "",
                   "`bench/debug_cost.sh`: the trainer, preset cpu-small at world 2 (MPI, one "
-                  "thread per rank), median step time of steps 2-7, medians over "
+                  "thread per rank), median step time of steps 2-11, medians over "
                   f"{rounds} alternating rounds.", "",
                   "| mode | s/step | vs off |", "|---|---|---|"]
         names = {"off": "nothing on", "on": "profiling (shapes and FLOPs recorded)",
@@ -29,10 +29,11 @@ def section(results):
         txt = os.path.join(results, "debug_cost.txt")
         if os.path.exists(txt):
             lines += ["", "```", open(txt).read().strip(), "```"]
-        lines += ["", "Run-to-run noise on this machine is a few percent, so differences of that "
-                  "size are not resolved; the cost of the ranges with no profiler running is "
-                  "bounded from their measured cost per call instead (`bench/range_cost.cpp`).",
-                  ""]
+        off = [float(r["median_step_s"]) for r in rows if r["mode"] == "off"]
+        lines += ["", f"The rounds with nothing on ranged from {min(off):.3f} to {max(off):.3f} "
+                  "s/step: differences of that size are noise on this machine, not resolved. "
+                  "The cost of the ranges with no profiler running is bounded from their "
+                  "measured cost per call instead (`bench/range_cost.cpp`).", ""]
     txt = os.path.join(results, "soak.txt")
     if os.path.exists(txt):
         lines += ["## Soak: world 4, checkpoints every 5 steps", "",

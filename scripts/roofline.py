@@ -19,7 +19,8 @@ How the figures are counted (estimates of compulsory work, each tensor read or w
     ranges for the communication class. Everything else on the training thread is "other".
   - FLOPs: matmuls 2*M*K*N from the recorded shapes (mm, addmm, bmm, baddbmm, mv);
     attention 4*B*H*L*S*D forward and 8*B*H*L*S*D backward (halved when causal);
-    layer norm 8 (forward) and 16 (backward) per element; AdamW 16 per parameter element;
+    layer norm 8 (forward) and 16 (backward) per element; fused AdamW 16 per parameter element
+    (bytes as recorded by FusedAdamW's range), libtorch's AdamW as its elementwise ops;
     reductions inside collectives 1 per input element; other elementwise ops 1 per output
     element.
   - bytes: the inputs' sizes from the recorded shapes and dtypes, plus the output (the
@@ -148,19 +149,23 @@ def classify(events, trace_meta):
                 flops = nbytes / 4  # one add per (fp32) input element
         elif on_comm_thread:
             continue  # the collective's own ops (copies, sums) are inside its range
+        elif name.startswith("fsdp::optimizer::"):
+            # FusedAdamW records the bytes its kernel moves (7 per parameter byte: parameters,
+            # gradients and two moments read, three written); its aten::_fused_adamw_ inside
+            # carries no shapes when its lists are long.
+            cls = "optimizer"
+            concrete = args.get("Concrete Inputs", [])
+            nbytes = float(concrete[0]) if concrete and str(concrete[0]).isdigit() else 0
+            flops = 16.0 * nbytes / 28  # 16 FLOPs per fp32 element, 28 bytes moved per element
         elif name.startswith("fsdp::") and name.split(" (")[0].endswith("_wait"):
             cls = "waiting"  # the training thread blocked on a collective: exposed communication
         elif name.startswith("fsdp::"):
             cls = "other"  # FSDP's bookkeeping outside its copies and collectives
         elif under_optimizer(i) or name == "aten::_fused_adamw_":
             cls = "optimizer"
-            if name == "aten::_fused_adamw_" and dims:
-                # params, grads, exp_avg, exp_avg_sq: read all four, write three.
-                elems = sum(numel(d) for d in dims[0]) if dims[0] and isinstance(dims[0][0], list) else 0
-                flops = 16.0 * elems
-                nbytes = 7.0 * 4 * elems
-            elif name not in NO_DATA and name.startswith("aten::"):
+            if name.startswith("aten::") and name not in NO_DATA and name != "aten::_fused_adamw_":
                 nbytes = tensor_bytes(dims, types) + largest_input(dims, types)
+                flops = largest_input(dims, types) / 4
         elif name in MATMUL:
             cls = "matmul"
             m_dims = [d for d in dims if d and not isinstance(d[0], list)]

@@ -9,7 +9,8 @@
 // fsdp::reduce_scatter (issue, with fsdp::reduce_scatter_copy_in), fsdp::reduce_scatter_wait,
 // fsdp::reduce_scatter_copy_out, fsdp::recompute; on a CPU backend's communication thread
 // fsdp::comm::all_gather, fsdp::comm::reduce_scatter, fsdp::comm::all_reduce, ... (with the
-// collective's size in bytes as the range's input), and on GPU around each NCCL launch.
+// collective's size in bytes as the range's input), and on GPU around each NCCL launch;
+// fsdp::optimizer::adamw around FusedAdamW's kernel (with the bytes it moves).
 // The unit-level ranges carry the unit's name in the root, as FSDP2's do:
 // "fsdp::pre_forward (layers.0)", likewise post_forward, pre_backward, post_backward,
 // all_gather, all_gather_wait, reduce_scatter, reduce_scatter_wait. Builds with the GPU

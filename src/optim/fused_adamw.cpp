@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "fsdp/errors.h"
+#include "profile/range.h"
 
 namespace fsdp {
 
@@ -53,6 +54,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       b.states.push_back(&s);
     }
     for (auto& [key, b] : buckets) {
+      // Bytes the kernel moves, for profiles (the trace drops long lists' shapes): it reads
+      // parameters, gradients and both moments, and writes parameters and moments back.
+      int64_t bytes = 0;
+      for (const auto& p : b.params) bytes += 7 * static_cast<int64_t>(p.nbytes());
+      FSDP_RANGE_BYTES("fsdp::optimizer::adamw", bytes);
       at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
                         o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
                         o.eps(), o.amsgrad(), /*maximize=*/false);

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "comm/dtype_tolerance.h"
 #include "fsdp/process_group.h"
 
 namespace fsdp::testing {
@@ -33,23 +34,7 @@ inline at::Tensor rank_values(int rank, int64_t n, at::ScalarType dtype) {
 inline void expect_close(const at::Tensor& got, const at::Tensor& want_double, const char* what) {
   auto want = want_double.to(got.scalar_type()).to(at::kDouble);
   auto g = got.to(at::kDouble).view(-1);
-  double tol = 0.0;
-  switch (got.scalar_type()) {
-    case at::kBFloat16:
-      tol = 1e-2;
-      break;
-    case at::kHalf:
-      tol = 1e-3;
-      break;
-    case at::kFloat:
-      tol = 1e-6;
-      break;
-    case at::kDouble:
-      tol = 1e-12;
-      break;
-    default:
-      tol = 0.0;
-  }
+  const double tol = collective_tolerance(got.scalar_type());
   ASSERT_EQ(g.numel(), want.numel()) << what;
   EXPECT_TRUE(at::allclose(g, want.view(-1), tol, tol))
       << what << " dtype " << c10::toString(got.scalar_type()) << " numel " << g.numel()

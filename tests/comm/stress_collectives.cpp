@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "comm/dtype_tolerance.h"
 #include "fsdp/fsdp.h"
 
 namespace {
@@ -31,23 +32,7 @@ bool close(const at::Tensor& got, const at::Tensor& want_double) {
   auto want = want_double.to(got.scalar_type()).to(at::kDouble).view(-1);
   auto g = got.to(at::kDouble).view(-1);
   if (g.numel() != want.numel()) return false;
-  double tol = 0;
-  switch (got.scalar_type()) {
-    case at::kBFloat16:
-      tol = 1e-2;
-      break;
-    case at::kHalf:
-      tol = 1e-3;
-      break;
-    case at::kFloat:
-      tol = 1e-6;
-      break;
-    case at::kDouble:
-      tol = 1e-12;
-      break;
-    default:
-      tol = 0;
-  }
+  const double tol = fsdp::testing::collective_tolerance(got.scalar_type());
   return at::allclose(g, want, tol, tol);
 }
 
