@@ -80,16 +80,17 @@ done
 # The trainer, one rank killed with kill -9 in the middle of training.
 for np in 2 4; do
   for via in mpirun launch; do
+    # --seed 4242 marks these processes: other tests may run the trainer at the same time.
     args=(--vocab 2000 --dim 128 --layers 3 --heads 4 --seq 64 --batch 4 --steps 100000 --threads 1
-          --data synthetic --comm-timeout "$timeout_s")
+          --data synthetic --comm-timeout "$timeout_s" --seed 4242)
     if [ "$via" = mpirun ]; then
       "${mpiexec[@]}" -n "$np" "$train" "${args[@]}" > "$tmp/train.log" 2>&1 &
     else
       FSDP_BACKEND=gloo "$launch" --nproc "$np" "$train" "${args[@]}" > "$tmp/train.log" 2>&1 &
     fi
     job=$!
-    for _ in $(seq 1 200); do grep -q "^step    3 " "$tmp/train.log" && break; sleep 0.1; done
-    victim=$(pgrep -n -f "$train --vocab 2000")
+    for _ in $(seq 1 600); do grep -q "^step    3 " "$tmp/train.log" && break; sleep 0.1; done
+    victim=$(pgrep -n -f -- "--seed 4242")
     t0=$EPOCHREALTIME
     kill -9 "$victim"
     ( sleep $((limit + 30)); kill -9 "$job" 2>/dev/null ) & cap=$!
@@ -98,7 +99,7 @@ for np in 2 4; do
     secs=$(elapsed "$t0")
     log="$tmp/train.log"
     check "trainer $via np$np kill -9" ""
-    pkill -9 -f "$train --vocab 2000" 2>/dev/null
+    pkill -9 -f -- "--seed 4242" 2>/dev/null
   done
 done
 [ "$fail" -eq 0 ] && echo "failure modes: passed"
