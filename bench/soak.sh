@@ -40,28 +40,7 @@ while [ $SECONDS -lt $end ] && kill -0 "$job" 2>/dev/null; do
 done
 kill -0 "$job" 2>/dev/null || { echo "soak: the trainer stopped early"; tail -20 "$tmp/log"; exit 1; }
 kill "$job"; wait "$job" 2>/dev/null || true
-"$PY" - "$out" "$minutes" <<'PY' | tee "$root/bench/results/soak.txt"
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-t_end = max(int(r["t_s"]) for r in rows)
-warm = 0.2 * t_end
-fail = []
-for pid in sorted({r["pid"] for r in rows}):
-    mine = [r for r in rows if r["pid"] == pid and int(r["t_s"]) >= warm]
-    first, last = mine[0], mine[-1]
-    peak = max(int(r["rss_kib"]) for r in mine)
-    growth = (int(last["rss_kib"]) - int(first["rss_kib"])) / int(first["rss_kib"])
-    print(f"pid {pid}: RSS {int(first['rss_kib']) / 1024:.0f} -> {int(last['rss_kib']) / 1024:.0f} MiB "
-          f"after warm-up ({100 * growth:+.2f}%, peak {peak / 1024:.0f} MiB); fds {first['fds']} -> "
-          f"{last['fds']}; threads {first['threads']} -> {last['threads']}")
-    if growth > 0.02: fail.append(f"pid {pid}: RSS grew {100 * growth:.2f}%")
-    if int(last["fds"]) > int(first["fds"]): fail.append(f"pid {pid}: fds {first['fds']} -> {last['fds']}")
-    if int(last["threads"]) > int(first["threads"]): fail.append(f"pid {pid}: threads grew")
-steps = max(int(r["step"]) for r in rows)
-print(f"soak: {t_end / 60:.1f} min, {steps} steps, checkpoints every 5 steps; "
-      + ("; ".join(fail) if fail else "RSS within 2% after warm-up, no fd or thread growth"))
-sys.exit(1 if fail else 0)
-PY
+"$PY" "$root/bench/soak_verdict.py" "$out" | tee "$root/bench/results/soak.txt"
 verdict=${PIPESTATUS[0]}
 "$root/bench/rewrite_report.sh" "$PY"
 exit "$verdict"

@@ -33,6 +33,9 @@ struct OpStats {
 
 struct ProfileSummary {
   std::vector<OpStats> ops;  // by self time, largest first
+  // Device activity (GPU kernels and copies; empty on CPU), by device time, largest first:
+  // self_ms and total_ms are both the kernels' device time.
+  std::vector<OpStats> device_ops;
   int64_t threads = 0;       // threads with events
   double span_ms = 0;        // first event's start to last event's end
   // Time the training thread spent in operators (its busiest thread: FSDP's phases), less the
@@ -67,7 +70,8 @@ void start_profiling(const ProfileOptions& options = {});
 // `trace_path` when it is not empty, and summarises the events.
 ProfileSummary stop_profiling(const std::string& trace_path);
 
-// The `top` operators by self time as a text table: name, calls, self ms, total ms, self %.
+// The `top` operators by self time as a text table: name, calls, self ms, total ms, self %;
+// then, when the trace has device activity, the `top` kernels by device time.
 std::string format_op_table(const ProfileSummary& summary, int top = 15);
 // Each unit's all-gather and reduce-scatter wait as a text table, largest all-gather wait first.
 std::string format_unit_waits(const ProfileSummary& summary);

@@ -83,9 +83,19 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
   if (!trace_path.empty()) result->save(trace_path);
   ProfileSummary out;
   std::unordered_map<uint64_t, std::vector<Span>> by_thread;
+  std::unordered_map<std::string, OpStats> device_by_name;
   uint64_t first = UINT64_MAX, last = 0;
   for (const auto& e : result->events()) {
-    if (e.deviceType() != c10::DeviceType::CPU || e.endNs() < e.startNs()) continue;
+    if (e.endNs() < e.startNs()) continue;
+    if (e.deviceType() != c10::DeviceType::CPU) {
+      // A kernel or copy on a device: its time is device time, not nested like CPU ranges.
+      auto& st = device_by_name[e.name()];
+      st.name = e.name();
+      st.calls += 1;
+      st.self_ms += (e.endNs() - e.startNs()) / 1e6;
+      st.total_ms = st.self_ms;
+      continue;
+    }
     Span s{e.name(), e.startNs(), e.endNs()};
     first = std::min(first, s.start);
     last = std::max(last, s.end);
@@ -129,21 +139,32 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
   out.span_ms = last > first ? (last - first) / 1e6 : 0;
   out.overlap = out.comm_ms > 0 ? std::max(0.0, 1 - out.exposed_comm_ms / out.comm_ms) : 0;
   for (auto& [name, st] : by_name) out.ops.push_back(std::move(st));
-  std::sort(out.ops.begin(), out.ops.end(),
-            [](const OpStats& a, const OpStats& b) { return a.self_ms > b.self_ms; });
+  for (auto& [name, st] : device_by_name) out.device_ops.push_back(std::move(st));
+  for (auto* list : {&out.ops, &out.device_ops}) {
+    std::sort(list->begin(), list->end(),
+              [](const OpStats& a, const OpStats& b) { return a.self_ms > b.self_ms; });
+  }
   return out;
 }
 
 std::string format_op_table(const ProfileSummary& summary, int top) {
-  double all_self = 0;
-  for (const auto& op : summary.ops) all_self += op.self_ms;
-  std::string out = fmt::format("{:<44} {:>7} {:>11} {:>11} {:>7}\n", "operator", "calls",
-                                "self ms", "total ms", "self %");
-  for (int i = 0; i < top && i < static_cast<int>(summary.ops.size()); ++i) {
-    const auto& op = summary.ops[i];
-    out += fmt::format("{:<44} {:>7} {:>11.2f} {:>11.2f} {:>6.1f}%\n",
-                       op.name.size() > 44 ? op.name.substr(0, 41) + "..." : op.name, op.calls,
-                       op.self_ms, op.total_ms, all_self > 0 ? 100 * op.self_ms / all_self : 0);
+  auto table = [top](const std::vector<OpStats>& ops, const char* what, const char* self,
+                     const char* total) {
+    double all_self = 0;
+    for (const auto& op : ops) all_self += op.self_ms;
+    std::string out =
+        fmt::format("{:<44} {:>7} {:>11} {:>11} {:>7}\n", what, "calls", self, total, "self %");
+    for (int i = 0; i < top && i < static_cast<int>(ops.size()); ++i) {
+      const auto& op = ops[i];
+      out += fmt::format("{:<44} {:>7} {:>11.2f} {:>11.2f} {:>6.1f}%\n",
+                         op.name.size() > 44 ? op.name.substr(0, 41) + "..." : op.name, op.calls,
+                         op.self_ms, op.total_ms, all_self > 0 ? 100 * op.self_ms / all_self : 0);
+    }
+    return out;
+  };
+  std::string out = table(summary.ops, "operator", "self ms", "total ms");
+  if (!summary.device_ops.empty()) {
+    out += table(summary.device_ops, "device kernel", "device ms", "device ms");
   }
   return out;
 }
