@@ -36,8 +36,8 @@ struct ProfileSummary {
   // Device activity (GPU kernels and copies; empty on CPU), by device time, largest first:
   // self_ms and total_ms are both the kernels' device time.
   std::vector<OpStats> device_ops;
-  int64_t threads = 0;       // threads with events
-  double span_ms = 0;        // first event's start to last event's end
+  int64_t threads = 0;  // threads with events
+  double span_ms = 0;   // first event's start to last event's end
   // Time the training thread spent in operators (its busiest thread: FSDP's phases), less the
   // time it waited for collectives.
   double compute_ms = 0;
