@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "fsdp/device_mesh.h"
 #include "fsdp/process_group.h"
 
 namespace fsdp {
@@ -34,6 +35,15 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
 // gradients are not finite (a NaN or infinity on any rank makes it NaN or infinity on every
 // rank). Collective; InvalidArgument for a non-positive norm_type.
 double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                       double norm_type = 2.0);
+
+// Hybrid sharding (device_mesh.h): the replicas hold the same gradient shards, so the norm is
+// combined over mesh.shard only. Passing the world group instead, with parameters that are
+// replicated, is InvalidArgument (the norm would count each shard once per replica).
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const DeviceMesh& mesh, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
+double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& mesh,
                        double norm_type = 2.0);
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 #include "fsdp/clip_grad.h"
 #include "fsdp/comm_stats.h"
 #include "fsdp/device_memory.h"
+#include "fsdp/device_mesh.h"
 #include "fsdp/errors.h"
 #include "fsdp/fake_group.h"
 #include "fsdp/fully_shard.h"

@@ -30,6 +30,8 @@
 //   unsharded until a backward with sync on reduces them once.
 // - Activation checkpointing (FullyShardOptions::activation_checkpointing): the unit keeps
 //   only its inputs; backward gathers its parameters and recomputes it.
+// - Hybrid sharding (a DeviceMesh instead of a group): sharded within a replica, gradients
+//   reduce-scattered there and then all-reduced across replicas (device_mesh.h).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -45,6 +47,7 @@
 #include "fsdp/comm_stats.h"
 #include "fsdp/detail/checkpoint_args.h"
 #include "fsdp/detail/unit_hooks.h"
+#include "fsdp/device_mesh.h"
 #include "fsdp/fully_shard_options.h"
 #include "fsdp/memory_stats.h"
 #include "fsdp/process_group.h"
@@ -166,7 +169,17 @@ class Unit {
 // own (all inside child units) is fine: it only coordinates.
 template <typename Holder>
 Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions options = {}) {
-  detail::create_unit_state(holder.ptr(), std::move(pg), std::move(options));
+  detail::create_unit_state(holder.ptr(), std::move(pg), nullptr, std::move(options));
+  return Unit<Holder>(std::move(holder));
+}
+
+// Hybrid sharding (HSDP): shards over mesh.shard; after each reduce-scatter of the gradients
+// within the shard group, the reduced shard is all-reduced across mesh.replicate, so that every
+// gradient is the average over the whole world (device_mesh.h). With one replica this is the
+// overload above on mesh.shard.
+template <typename Holder>
+Unit<Holder> fully_shard(Holder holder, const DeviceMesh& mesh, FullyShardOptions options = {}) {
+  detail::create_unit_state(holder.ptr(), mesh.shard, mesh.replicate, std::move(options));
   return Unit<Holder>(std::move(holder));
 }
 
@@ -174,6 +187,11 @@ Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions op
 template <typename Holder>
 Unit<Holder> fully_shard(Unit<Holder>& unit, ProcessGroupPtr pg, FullyShardOptions options = {}) {
   return fully_shard(unit.module(), std::move(pg), std::move(options));
+}
+template <typename Holder>
+Unit<Holder> fully_shard(Unit<Holder>& unit, const DeviceMesh& mesh,
+                         FullyShardOptions options = {}) {
+  return fully_shard(unit.module(), mesh, std::move(options));
 }
 
 template <typename Holder>

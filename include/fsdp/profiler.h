@@ -51,7 +51,8 @@ struct ProfileSummary {
   // Calls of each fsdp:: range, by its name without the unit ("fsdp::all_gather_wait").
   std::map<std::string, int64_t> fsdp_counts;
   // Time the training thread waited for each unit's all-gather and reduce-scatter, by unit
-  // name ("layers.0"; "(root)"); units that never waited are absent.
+  // name ("layers.0"; "(root)"); units that never waited are absent. With hybrid sharding the
+  // reduce-scatter wait includes the all-reduce across replicas that follows it.
   std::map<std::string, double> all_gather_wait_ms, reduce_scatter_wait_ms;
 };
 

@@ -119,6 +119,7 @@ Manifest write_rank_file(const std::string& tmp, int rank, const std::vector<Loc
   };
   for (const auto& s : shards) {
     if (s.replicated && rank != 0) continue;  // one copy is enough
+    if (s.replica != 0) continue;             // hybrid sharding: replica 0's rows suffice
     add(s.name, s.tensor, s.row_begin, s.full_shape);
     if (!optimizer) continue;
     if (auto state = detail::param_state(*optimizer, kind, s.tensor)) {

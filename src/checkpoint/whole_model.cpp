@@ -16,9 +16,11 @@
 namespace fsdp {
 namespace {
 
-// The full tensor of a sharded parameter, on every rank (one all-gather of padded rows).
-at::Tensor gather_full(ProcessGroup& pg, const detail::LocalShard& s) {
+// The full tensor of a sharded parameter, on every rank (one all-gather of padded rows over the
+// group it is sharded on: `world`, or with hybrid sharding this rank's replica).
+at::Tensor gather_full(ProcessGroup& world_group, const detail::LocalShard& s) {
   if (s.replicated) return s.tensor.detach();
+  ProcessGroup& pg = s.shard_group ? *s.shard_group : world_group;
   const int world = pg.size();
   const int64_t d0 = s.full_shape[0];
   const auto mine = shard_range(d0, world, pg.rank());

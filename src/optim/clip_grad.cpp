@@ -7,6 +7,7 @@
 
 #include "comm/detail/reduce_util.h"
 #include "fsdp/errors.h"
+#include "runtime/local_shards.h"
 
 namespace fsdp {
 
@@ -20,6 +21,17 @@ double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr&
                  norm_type);
   const bool inf = std::isinf(norm_type);
   c10::NoGradGuard no_grad;
+  // Replicas hold the same gradient shards: summing over the world would count each one once
+  // per replica (the norm off by sqrt(replicas)). Each shard must be counted once, over the
+  // group that shards it.
+  for (const auto& p : params) {
+    auto [shard, replicate] = detail::sharding_groups_of(p);
+    FSDP_CHECK_ARG(!replicate || shard->size() == pg->size(),
+                   "{}: the parameters are sharded over {} ranks and replicated {} times "
+                   "(hybrid sharding), but the group given has {} ranks; pass the DeviceMesh "
+                   "(or mesh.shard), which counts each gradient shard once",
+                   what, shard->size(), replicate->size(), pg->size());
+  }
 
   // This rank's part, on the gradients' device without a host sync: sum of |g|^p (or max |g|)
   // over its gradients, each gradient's norm in its own dtype (float for 16-bit ones), the
@@ -77,6 +89,16 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
   const double coef = std::min(1.0, max_norm / (total + 1e-6));
   for (auto& g : grads) g.mul_(coef);
   return total;
+}
+
+double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& mesh,
+                       double norm_type) {
+  return total_grad_norm(params, mesh.shard, norm_type);
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const DeviceMesh& mesh, double norm_type, bool error_if_nonfinite) {
+  return clip_grad_norm_(params, max_norm, mesh.shard, norm_type, error_if_nonfinite);
 }
 
 }  // namespace fsdp

@@ -108,7 +108,10 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
       if (starts_with(base, "fsdp::comm::")) out.comm_ms += ms;
       if (ends_with(base, "_wait")) out.exposed_comm_ms += ms;
       if (base == "fsdp::all_gather_wait") out.all_gather_wait_ms[unit] += ms;
-      if (base == "fsdp::reduce_scatter_wait") out.reduce_scatter_wait_ms[unit] += ms;
+      // The gradient reduction: the reduce-scatter, and with hybrid sharding the all-reduce.
+      if (base == "fsdp::reduce_scatter_wait" || base == "fsdp::all_reduce_wait") {
+        out.reduce_scatter_wait_ms[unit] += ms;
+      }
     }
     by_thread[e.startThreadId()].push_back(std::move(s));
   }

@@ -65,11 +65,13 @@ struct UnitRangeNames {
               pre_backward = "fsdp::pre_backward", post_backward = "fsdp::post_backward",
               all_gather = "fsdp::all_gather", all_gather_wait = "fsdp::all_gather_wait",
               reduce_scatter = "fsdp::reduce_scatter",
-              reduce_scatter_wait = "fsdp::reduce_scatter_wait";
+              reduce_scatter_wait = "fsdp::reduce_scatter_wait", all_reduce = "fsdp::all_reduce",
+              all_reduce_wait = "fsdp::all_reduce_wait";
   UnitRangeNames() = default;
   explicit UnitRangeNames(const std::string& unit) {
-    for (std::string* n : {&pre_forward, &post_forward, &pre_backward, &post_backward, &all_gather,
-                           &all_gather_wait, &reduce_scatter, &reduce_scatter_wait}) {
+    for (std::string* n :
+         {&pre_forward, &post_forward, &pre_backward, &post_backward, &all_gather, &all_gather_wait,
+          &reduce_scatter, &reduce_scatter_wait, &all_reduce, &all_reduce_wait}) {
       *n += " (" + unit + ")";
     }
   }

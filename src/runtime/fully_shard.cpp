@@ -191,9 +191,17 @@ void register_unit(Registry& r, const std::shared_ptr<torch::nn::Module>& module
 }  // namespace
 
 std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
-                                             ProcessGroupPtr pg, FullyShardOptions options) {
+                                             ProcessGroupPtr pg, ProcessGroupPtr replicate,
+                                             FullyShardOptions options) {
   FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
   FSDP_CHECK_ARG(pg != nullptr, "fully_shard: the process group is null");
+  FSDP_CHECK_ARG(!replicate || replicate->device_type() == pg->device_type(),
+                 "fully_shard: the replicate group's device type ({}) differs from the shard "
+                 "group's ({})",
+                 c10::DeviceTypeName(replicate->device_type(), true),
+                 c10::DeviceTypeName(pg->device_type(), true));
+  // One replica is plain FSDP: no all-reduce to issue.
+  if (replicate && replicate->size() == 1) replicate.reset();
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   FSDP_CHECK_ARG(!lookup_locked(r, module.get()),
@@ -201,7 +209,8 @@ std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Mo
                  module->name());
   auto children = collect_child_units(r, *module);
   auto params = collect_own_params(r, *module, *pg, children);
-  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(options), params);
+  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(replicate),
+                                           std::move(options), params);
   for (auto& c : children.direct) state->adopt(c);
   register_unit(r, module, state, params);
   release_freed_heap_memory();
@@ -216,7 +225,8 @@ std::vector<LocalShard> local_shards(const torch::nn::Module& model) {
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    LocalShard shard{item.key(), p, p.sizes().vec(), 0, p.dim() == 0 ? 1 : p.size(0), true};
+    LocalShard shard{item.key(), p, p.sizes().vec(), 0, p.dim() == 0 ? 1 : p.size(0), true,
+                     nullptr,    0};
     auto owner = r.owned.find(p.unsafeGetTensorImpl());
     auto state = owner == r.owned.end() ? nullptr : owner->second.lock();
     if (state) {
@@ -232,11 +242,22 @@ std::vector<LocalShard> local_shards(const torch::nn::Module& model) {
         shard.row_begin = rows.begin;
         shard.row_end = rows.begin + rows.rows();
         shard.replicated = false;
+        shard.shard_group = group.pg();
+        shard.replica = group.replicate() ? group.replicate()->rank() : 0;
       }
     }
     out.push_back(std::move(shard));
   }
   return out;
+}
+
+std::pair<ProcessGroupPtr, ProcessGroupPtr> sharding_groups_of(const at::Tensor& param) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto owner = r.owned.find(param.unsafeGetTensorImpl());
+  auto state = owner == r.owned.end() ? nullptr : owner->second.lock();
+  if (!state) return {nullptr, nullptr};
+  return {state->group().pg(), state->group().replicate()};
 }
 
 void pre_forward(UnitState& state) { state.pre_forward(); }

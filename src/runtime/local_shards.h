@@ -6,7 +6,10 @@
 #include <torch/nn/module.h>
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "fsdp/process_group.h"
 
 namespace fsdp::detail {
 
@@ -16,7 +19,15 @@ struct LocalShard {
   std::vector<int64_t> full_shape;
   int64_t row_begin = 0, row_end = 0;  // rows of dim 0 held here (a 0-d tensor: one row)
   bool replicated = false;             // outside every unit: every rank holds every row
+  // The group the rows are sharded over (null when replicated), and this rank's replica under
+  // hybrid sharding (0 without): replicas hold the same rows, so only replica 0 writes them.
+  ProcessGroupPtr shard_group;
+  int replica = 0;
 };
+
+// The shard group and replicate group (null without hybrid sharding) of a parameter sharded by
+// fully_shard; {nullptr, nullptr} for any other tensor.
+std::pair<ProcessGroupPtr, ProcessGroupPtr> sharding_groups_of(const at::Tensor& param);
 
 // Each unique parameter of `model` once, in named_parameters() order. Throws InvalidArgument
 // when a unit's parameters are gathered (between unshard() and reshard(), or mid-step).

@@ -36,8 +36,8 @@ int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t
 }  // namespace
 
 ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroupPtr pg,
-                       MixedPrecisionPolicy mp)
-    : pg_(std::move(pg)) {
+                       ProcessGroupPtr replicate, MixedPrecisionPolicy mp)
+    : pg_(std::move(pg)), replicate_(std::move(replicate)) {
   at::ScalarType orig = params.empty() ? at::kFloat : params.front().second.scalar_type();
   compute_dtype_ = mp.param_dtype.value_or(orig);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
@@ -47,7 +47,8 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, P
   reduce_layout_ = reduce_layout(params_);
   // One rank holding everything in its own dtype: the shard is the full parameter and autograd's
   // gradient is already the reduced one, so no copy and no collective is needed.
-  passthrough_ = world == 1 && compute_dtype_ == orig && reduce_dtype_ == orig;
+  // (With replicas the gradient still has to be averaged across them.)
+  passthrough_ = world == 1 && !replicate_ && compute_dtype_ == orig && reduce_dtype_ == orig;
 }
 
 void ParamGroup::attach(Accounting* acct) {
@@ -158,10 +159,26 @@ bool ParamGroup::post_backward(bool reduce) {
   return true;
 }
 
+void ParamGroup::start_all_reduce() {
+  if (!reduce_work_ || all_reduce_issued_ || !replicate_) return;
+  {
+    FSDP_RANGE(range_names_.reduce_scatter_wait);
+    ExposedCommTimer timer(*acct_);
+    reduce_work_->wait();
+  }
+  FSDP_RANGE(range_names_.all_reduce);
+  // The shard group averaged over its ranks; averaging over the replicas makes it the average
+  // over the world. In place on the reduced shard: no further buffer.
+  reduce_work_ = replicate_->all_reduce(reduce_out_, ReduceOp::kAvg);
+  all_reduce_issued_ = true;
+}
+
 void ParamGroup::finish_reduce() {
   if (reduce_work_) {
+    start_all_reduce();
     {
-      FSDP_RANGE(range_names_.reduce_scatter_wait);
+      FSDP_RANGE(all_reduce_issued_ ? range_names_.all_reduce_wait
+                                    : range_names_.reduce_scatter_wait);
       ExposedCommTimer timer(*acct_);
       reduce_work_->wait();
     }
@@ -170,6 +187,7 @@ void ParamGroup::finish_reduce() {
       reduce_scatter_copy_out(params_, reduce_layout_, reduce_out_, reduced_had_grad_);
     }
     reduce_work_.reset();  // the backend's last reference to the buffers
+    all_reduce_issued_ = false;
     acct_->add_comm(-(bytes_of(reduce_in_) + bytes_of(reduce_out_)));
     acct_->pool->give(std::move(reduce_in_));
     acct_->pool->give(std::move(reduce_out_));

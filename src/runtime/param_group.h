@@ -23,8 +23,10 @@ namespace fsdp::detail {
 
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
+  // `pg` shards the parameters; `replicate` (null without hybrid sharding) is the group their
+  // reduced gradient shards are all-reduced over, averaged, after each reduce-scatter.
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, ProcessGroupPtr pg,
-             MixedPrecisionPolicy mp);
+             ProcessGroupPtr replicate, MixedPrecisionPolicy mp);
 
   // The tree's counters and buffer pool, which every later call uses.
   void attach(Accounting* acct);
@@ -48,15 +50,22 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // got a gradient. Returns whether a reduce-scatter is now in flight. The caller runs it at
   // most once per backward.
   bool post_backward(bool reduce);
-  // Waits for the reduce-scatter in flight (if any), adds each rank's rows into the sharded
-  // grads and frees the buffers.
+  // Waits for the reduce-scatter in flight (if any) and, with hybrid sharding, for the
+  // all-reduce across replicas after it (issuing it if needed), adds each rank's rows into the
+  // sharded grads and frees the buffers.
   void finish_reduce();
+  // Hybrid sharding: waits for the reduce-scatter in flight and issues the all-reduce of its
+  // result across replicas, without waiting for it (finish_reduce does).
+  void start_all_reduce();
+  bool reduce_scatter_in_flight() const { return reduce_work_ && !all_reduce_issued_; }
+  bool hybrid() const { return replicate_ != nullptr; }
   // Drops the hooked accumulators of this backward (after finish_reduce).
   void end_backward();
 
   const std::vector<FsdpParam>& params() const { return params_; }
   std::vector<FsdpParam>& params() { return params_; }
   const ProcessGroupPtr& pg() const { return pg_; }
+  const ProcessGroupPtr& replicate() const { return replicate_; }
 
   // Profiler range names carrying the unit's name in the root (set by the root's lazy init).
   void set_unit_name(const std::string& name) { range_names_ = UnitRangeNames(name); }
@@ -68,6 +77,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void release_gather_buffers();
 
   ProcessGroupPtr pg_;
+  ProcessGroupPtr replicate_;
   Accounting* acct_ = nullptr;
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
@@ -80,7 +90,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   WorkPtr gather_work_;
   at::Tensor gather_in_, gather_out_;
 
-  WorkPtr reduce_work_;
+  WorkPtr reduce_work_;  // the reduce-scatter, then (hybrid) the all-reduce after it
+  bool all_reduce_issued_ = false;
   at::Tensor reduce_in_, reduce_out_;
   std::vector<bool> reduced_had_grad_;
 };

@@ -13,10 +13,11 @@
 namespace fsdp::detail {
 
 UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGroupPtr pg,
-                     FullyShardOptions options,
+                     ProcessGroupPtr replicate, FullyShardOptions options,
                      std::vector<std::pair<std::string, at::Tensor>> params)
     : module_(module), options_(std::move(options)) {
-  group_ = std::make_shared<ParamGroup>(std::move(params), std::move(pg), options_.mp_policy);
+  group_ = std::make_shared<ParamGroup>(std::move(params), std::move(pg), std::move(replicate),
+                                        options_.mp_policy);
   use_context(std::make_shared<TreeContext>());
 }
 
@@ -151,17 +152,21 @@ void UnitState::run_post_backward() {
   if (group_->post_backward(requires_gradient_sync_)) track_reduction(group_.get());
 }
 
-namespace {
-// One reduce-scatter may run while the next unit's backward computes; older ones are waited
-// for, so gradient buffers of at most two units are alive at once.
-constexpr size_t kMaxReductionsInFlight = 1;
-}  // namespace
-
 void UnitState::track_reduction(ParamGroup* group) {
+  // One reduce-scatter may run while the next unit's backward computes; older ones are waited
+  // for. With hybrid sharding the previous unit's all-reduce across replicas may run as well
+  // (on the replicate group, beside this reduce-scatter on the shard group): the unit before
+  // the newest moves on to its all-reduce instead of finishing, and older ones finish. So the
+  // gradient buffers of at most two units (three with hybrid sharding) are alive at once.
   auto& in_flight = ctx_->reductions_in_flight;
   in_flight.push_back(group);
-  while (in_flight.size() > kMaxReductionsInFlight) {
-    in_flight.front()->finish_reduce();
+  while (in_flight.size() > 1) {
+    ParamGroup* oldest = in_flight.front();
+    if (in_flight.size() == 2 && oldest->reduce_scatter_in_flight() && oldest->hybrid()) {
+      oldest->start_all_reduce();
+      break;
+    }
+    oldest->finish_reduce();
     in_flight.pop_front();
   }
 }

@@ -19,8 +19,10 @@ namespace fsdp::detail {
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
  public:
+  // `replicate` (may be null): the replica group of hybrid sharding (ParamGroup).
   UnitState(const std::shared_ptr<torch::nn::Module>& module, ProcessGroupPtr pg,
-            FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params);
+            ProcessGroupPtr replicate, FullyShardOptions options,
+            std::vector<std::pair<std::string, at::Tensor>> params);
 
   bool module_is(const torch::nn::Module* m) const;
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
@@ -72,8 +74,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // Runs this unit's post-backward once per backward; a reduce-scatter it issues joins the
   // tree's reductions in flight.
   void run_post_backward();
-  // After a new reduce-scatter, finishes older ones so that at most kMaxReductionsInFlight
-  // gradient buffers are alive (FSDP2 keeps one), bounding memory.
+  // After a new reduce-scatter, finishes older ones so that at most one reduce-scatter (and,
+  // with hybrid sharding, one all-reduce) is in flight besides it, bounding memory (FSDP2 keeps
+  // one).
   void track_reduction(ParamGroup* group);
   void final_callback();
   bool reshard_after_forward() const;

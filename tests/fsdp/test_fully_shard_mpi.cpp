@@ -1,8 +1,10 @@
 // fully_shard over real MPI processes (ctest runs it under mpiexec -n 2, 3, 4): the same
 // equivalence as the thread-rank tests, each process computing the reference itself.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
 
 #include "clip_grad_check.h"
 #include "support/multi_process_main.h"
@@ -100,6 +102,64 @@ TEST(FullyShardMpi, ClipGradNormMatchesLibtorchOnTheUnshardedModel) {
   for (double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     expect_clip_grad_matches_libtorch(world(), p);
   }
+}
+
+// Hybrid sharding over real processes, every layout of the world (at 4: 1x4, 2x2, 4x1): the
+// losses of a single process, the parameters within the tolerance of a reordered sum
+// (test_hybrid_shard.cpp), bit-identical to plain FSDP with one replica, and
+// the same on every replica; per step, one all-reduce per unit on the replicate group and
+// none on the world group. ctest also runs this test over Gloo (scripts/launch.sh).
+TEST(FullyShardMpi, HybridShardingEveryLayoutMatches) {
+  TrainSpec spec;
+  spec.edit_model = freeze_attention_bias;
+  spec.steps = 6;
+  const int n = world()->size();
+  auto want = train_reference(spec, n);
+  auto plain = train_sharded(spec, world());
+  for (int replicas = 1; replicas <= n; ++replicas) {
+    if (n % replicas != 0) continue;
+    auto mesh = make_device_mesh(world(), replicas);
+    world()->reset_stats();
+    if (mesh.replicate) mesh.replicate->reset_stats();
+    auto got = train_sharded(spec, mesh);
+    const std::string label =
+        fmt::format("{} hsdp {}x{}", world()->backend_name(), replicas, mesh.shards());
+    // Only the flat layout sums in the plain order: MPI's and Gloo's all-reduce add the ranks'
+    // values in an order of their own ((a + b) + (c + d) in recursive doubling), even at 4x1.
+    const bool same_order = replicas == 1;
+    // Gloo's reduce-scatter has its own order too (plain FSDP over Gloo: 4.2e-5 at 4 ranks).
+    const bool reference_order = same_order && world()->backend_name() == "mpi";
+    expect_parity(label, n, got, want, reference_order ? kTolerance : 1e-4);
+    EXPECT_LT(max_rel_loss_error(got, want), kTolerance) << label;
+    if (same_order) {
+      EXPECT_EQ(max_rel_param_error(got, plain), 0.0) << label;
+    }
+    if (mesh.replicate) {
+      // The world group carried only the harness's loss averages (one per step).
+      EXPECT_EQ(world()->stats().count(CollectiveKind::kAllReduce), spec.steps) << label;
+      EXPECT_EQ(world()->stats().count(CollectiveKind::kReduceScatter), 0) << label;
+      const int64_t units = spec.model.layers + 1;
+      EXPECT_EQ(mesh.replicate->stats().count(CollectiveKind::kAllReduce), units * spec.steps)
+          << label;
+      // Replicas agree bit for bit: compare this rank's parameters with replica 0's.
+      for (const auto& [name, value] : got.params) {
+        auto mine = value.clone();
+        mesh.replicate->broadcast(mine, 0)->wait();
+        EXPECT_TRUE(at::equal(mine, value)) << label << ": " << name;
+      }
+    }
+  }
+  auto error = [&](int replicas) {
+    try {
+      make_device_mesh(world(), replicas);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      error(n + 1).find(fmt::format("{} replicas do not divide a world of {} ranks", n + 1, n)),
+      std::string::npos);
 }
 
 }  // namespace

@@ -146,11 +146,15 @@ Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
 }
 
 Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg, const TrainSpec& spec) {
+  return shard_model(model, flat_mesh(pg), spec);
+}
+
+Unit<TinyLM> shard_model(TinyLM& model, const DeviceMesh& mesh, const TrainSpec& spec) {
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
   options.activation_checkpointing = spec.checkpoint_blocks;
-  for (auto& layer : model->layers) fully_shard(layer, pg, options);
+  for (auto& layer : model->layers) fully_shard(layer, mesh, options);
   options.activation_checkpointing = spec.checkpoint_root;
-  return fully_shard(model, pg, options);
+  return fully_shard(model, mesh, options);
 }
 
 at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64_t full_dim0) {
@@ -173,12 +177,17 @@ at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64
 }
 
 TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
+  return train_sharded(spec, flat_mesh(pg));
+}
+
+TrainResult train_sharded(const TrainSpec& spec, const DeviceMesh& mesh) {
   TrainResult result;
   auto model = build_model(spec);
   std::vector<int64_t> dim0;
   for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
 
-  auto root = shard_model(model, pg, spec);
+  const ProcessGroupPtr& pg = mesh.world;  // data parallelism spans every replica
+  auto root = shard_model(model, mesh, spec);
   auto opt = make_optimizer(root.parameters(), spec);
 
   int world = pg->size();
@@ -209,7 +218,7 @@ TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg) {
   size_t i = 0;
   for (const auto& item : model->named_parameters()) {
     result.params.emplace_back(
-        item.key(), gather_full(pg, item.value(), dim0[i++]).to(at::kCPU).to(at::kFloat));
+        item.key(), gather_full(mesh.shard, item.value(), dim0[i++]).to(at::kCPU).to(at::kFloat));
   }
   return result;
 }

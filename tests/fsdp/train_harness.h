@@ -91,6 +91,8 @@ Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg,
                          const FullyShardOptions& options = {});
 // The same with spec's options (mixed precision, resharding, checkpointing).
 Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg, const TrainSpec& spec);
+// Hybrid sharding over `mesh` (device_mesh.h).
+Unit<TinyLM> shard_model(TinyLM& model, const DeviceMesh& mesh, const TrainSpec& spec);
 
 // Single process, no FSDP: each step runs forward/backward on `slices` equal slices of the
 // global batch and steps AdamW on the average of their gradients, the order of operations
@@ -103,6 +105,9 @@ TrainResult train_reference(const TrainSpec& spec, int slices);
 // rank's slice of the global batch in spec.micro_batches micro-batches, losses scaled by 1 /
 // micro_batches.
 TrainResult train_sharded(const TrainSpec& spec, const ProcessGroupPtr& pg);
+// The same over a hybrid mesh: each rank of mesh.world trains on its slice; parameters are
+// gathered within mesh.shard at the end.
+TrainResult train_sharded(const TrainSpec& spec, const DeviceMesh& mesh);
 
 // max |a - b| / max(|b|, 1e-12) over all elements of matching parameters, and of losses.
 double max_rel_param_error(const TrainResult& got, const TrainResult& want);

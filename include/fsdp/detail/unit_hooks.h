@@ -20,8 +20,11 @@ class UnitState;
 
 // The state fully_shard attached to `module`, or null.
 std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module);
+// `replicate` (may be null): the group the unit's reduced gradient shards are all-reduced over
+// (hybrid sharding, device_mesh.h).
 std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
-                                             ProcessGroupPtr pg, FullyShardOptions options);
+                                             ProcessGroupPtr pg, ProcessGroupPtr replicate,
+                                             FullyShardOptions options);
 void pre_forward(UnitState& state);
 at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input);
 // Casts to output_dtype and hooks the pre-backward; may replace `output`.

@@ -1,0 +1,56 @@
+// DeviceMesh: the world's ranks laid out as replicas x shards, for hybrid sharding (HSDP),
+// FSDP2's two-dimensional DeviceMesh of shape (replicate, shard).
+//
+// Parameters are sharded over the `shard` group (the ranks of one replica hold one copy of the
+// model between them) and replicated across the `replicate` group. A unit's gradients are
+// reduce-scattered within its shard group, then all-reduced across replicas, averaged over the
+// whole world: the slow link between machines carries only already-sharded gradients once.
+//
+// Layout, as torch's init_device_mesh(..., (replicas, shards)): rank r is shard r % shards of
+// replica r / shards, so a shard group is `shards` consecutive ranks. Launchers number the
+// ranks of one machine consecutively, which puts each shard group on one machine when shards
+// divides the ranks per machine.
+//
+//   auto mesh = fsdp::make_device_mesh(world, /*replicas=*/2);
+//   for (auto& layer : model->layers) fsdp::fully_shard(layer, mesh);
+//   auto root = fsdp::fully_shard(model, mesh);
+//   fsdp::clip_grad_norm_(root.parameters(), 1.0, mesh);
+#pragma once
+
+#include "fsdp/process_group.h"
+
+namespace fsdp {
+
+struct DeviceMesh {
+  ProcessGroupPtr world;      // every rank: data parallelism, checkpoints, export
+  ProcessGroupPtr shard;      // the ranks of this rank's replica
+  ProcessGroupPtr replicate;  // this rank's peers in the other replicas; null with one replica
+
+  int replicas() const { return replicate ? replicate->size() : 1; }
+  int shards() const { return shard->size(); }
+  // This rank's replica (0 .. replicas - 1) and its place in it.
+  int replica_index() const { return replicate ? replicate->rank() : 0; }
+  int shard_index() const { return shard->rank(); }
+  bool hybrid() const { return replicate != nullptr; }
+};
+
+// Splits `world` into `replicas` replicas of world->size() / replicas ranks each (two
+// ProcessGroup::split calls; collective: every rank of `world` calls it with the same number).
+// replicas == 1 is plain FSDP (shard is world itself, no replicate group); replicas ==
+// world->size() is DDP (each rank holds everything; gradients are all-reduced).
+// Throws InvalidArgument, before any communication, when `world` is null or `replicas` is not a
+// divisor of the world size (the message names both and lists the divisors).
+DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas);
+
+// A mesh from groups the caller made (for example with its own splits). Collective over
+// `world`: every rank checks that its groups multiply to the world size and that every rank
+// has the same shard and replica sizes, so a layout that differs between ranks is reported on
+// every rank (InvalidArgument naming the ranks and sizes) instead of hanging later. `replicate`
+// may be null when `shard` spans the world.
+DeviceMesh make_device_mesh(const ProcessGroupPtr& world, const ProcessGroupPtr& shard,
+                            const ProcessGroupPtr& replicate);
+
+// The mesh of plain FSDP over `pg` (no communication).
+DeviceMesh flat_mesh(const ProcessGroupPtr& pg);
+
+}  // namespace fsdp
