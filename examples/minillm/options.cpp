@@ -48,6 +48,12 @@ std::string check(const Options& o, int world_size) {
         "{} does not divide by {} (use a multiple of {})",
         world_size, o.batch, world_size, world_size);
   }
+  if (o.replicas < 1 || o.replicas > world_size || world_size % o.replicas != 0) {
+    return fmt::format(
+        "--replicas {} must divide the world of {} ranks (each replica is sharded over world / "
+        "replicas ranks)",
+        o.replicas, world_size);
+  }
   if (o.grad_accum < 1) {
     return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
   }
@@ -193,6 +199,10 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
                  "e.g. written by bench/reference/py_minillm.py --save-init)");
   app.add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / local ranks)")
+      ->capture_default_str();
+  app.add_option("--replicas", o.replicas,
+                 "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
+                 "replicas consecutive ranks; gradients are all-reduced across replicas")
       ->capture_default_str();
   app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
                "Keep blocks' full parameters from forward to backward (more memory, fewer "

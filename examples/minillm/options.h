@@ -38,9 +38,9 @@ struct Options {
   std::string nonfinite = "stop";             // stop | skip | off: a NaN/inf loss or gradient norm
   int profile_first = -1, profile_last = -1;  // --profile-steps A:B (inclusive); -1: off
   std::string profile_dir = "profile";
-  bool profile_shapes = true;
-  double comm_timeout_s = 60;  // a collective (or the rendezvous) waiting longer fails the run  //
-                               // record operator shapes and FLOPs (scripts/roofline.py)
+  bool profile_shapes = true;  // record operator shapes and FLOPs (scripts/roofline.py)
+  double comm_timeout_s = 60;  // a collective (or the rendezvous) waiting longer fails the run
+  int replicas = 1;  // hybrid sharding: model replicas, each sharded over world / replicas ranks
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

@@ -39,7 +39,10 @@ void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_pea
   const int64_t startup_peak = max_over_ranks(*dist_.group, startup_peak_bytes, dist_.device);
   if (!lead_) return;
   const int world = dist_.group->size();
-  fmt::print("MiniLLM | world {} | backend {} | device {} | dtype {}\n", world,
+  fmt::print("MiniLLM | world {}{} | backend {} | device {} | dtype {}\n", world,
+             o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards (hybrid sharding)",
+                                           o_.replicas, world / o_.replicas)
+                             : "",
              dist_.group->backend_name(), dist_.device.str(), o_.dtype);
   fmt::print(
       "model: vocab {} dim {} layers {} heads {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n",
@@ -48,7 +51,7 @@ void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_pea
   fmt::print(
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
       "(ZeRO-3: 16 bytes/param / {})\n",
-      mib(shard_bytes), mib(3 * shard_bytes), world);
+      mib(shard_bytes), mib(3 * shard_bytes), world / o_.replicas);
   fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",
              o_.init_full_model ? "whole model, then sharded" : "each block sharded as it is built",
              mib(startup_peak));

@@ -53,13 +53,14 @@ fsdp::FullyShardOptions root_options(const Options& o) {
 // rank never holds more than its shards, one full block and the root's own parameters
 // (embedding, head); the random numbers are drawn in the same order as for the whole model, so
 // the values are the same. --init-from then replaces them, each rank reading its own rows.
-fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist) {
+fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist,
+                                                 const fsdp::DeviceMesh& mesh) {
   auto block_options = root_options(o);
   block_options.reshard_after_forward = o.reshard_after_forward;
   block_options.activation_checkpointing = o.activation_checkpointing;
   auto shard_block = [&](int64_t, fsdp::Unit<minillm::TransformerBlock>& block) {
     block->to(dist.device);
-    fsdp::fully_shard(block, dist.group, block_options);
+    fsdp::fully_shard(block, mesh, block_options);
   };
   minillm::MiniLLMImpl::BlockBuilt on_built;
   if (!o.init_full_model) on_built = shard_block;
@@ -70,7 +71,7 @@ fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::D
     for (size_t i = 0; i < model->layers.size(); ++i) shard_block(i, model->layers[i]);
   }
   model->to(dist.device);  // the root's own parameters
-  auto root = fsdp::fully_shard(model, dist.group, root_options(o));
+  auto root = fsdp::fully_shard(model, mesh, root_options(o));
   if (!o.init_from.empty()) fsdp::load_safetensors_sharded(o.init_from, *model, dist.group);
   return root;
 }
@@ -95,12 +96,22 @@ int resume(const Options& o, minillm::MiniLLMImpl& model, torch::optim::Optimize
   return static_cast<int>(info.step);
 }
 
+// The counters of the world group, and with hybrid sharding of the shard and replicate groups.
+std::vector<fsdp::CollectiveStats> group_stats(const fsdp::DeviceMesh& mesh) {
+  std::vector<fsdp::CollectiveStats> out{mesh.world->stats()};
+  if (mesh.hybrid()) {
+    out.push_back(mesh.shard->stats());
+    out.push_back(mesh.replicate->stats());
+  }
+  return out;
+}
+
 // End of --profile-steps: each rank writes its trace; rank 0 prints the operator table and
 // the communication figures read from its trace, beside the trainer's own exposed time.
-void report_profile(const Options& o, const fsdp::Distributed& dist, double trainer_exposed_s,
-                    const fsdp::CollectiveStats& before) {
+void report_profile(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceMesh& mesh,
+                    double trainer_exposed_s, const std::vector<fsdp::CollectiveStats>& before) {
   const int rank = dist.group->rank();
-  const auto after = dist.group->stats();
+  const auto after = group_stats(mesh);
   std::filesystem::create_directories(o.profile_dir);
   const std::string path = fmt::format("{}/rank{}.json", o.profile_dir, rank);
   auto summary = fsdp::stop_profiling(path);
@@ -113,11 +124,14 @@ void report_profile(const Options& o, const fsdp::Distributed& dist, double trai
       "overlap {:.0f}%\n",
       summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
       100 * summary.overlap);
-  auto issued = [&](fsdp::CollectiveKind k) { return after.count(k) - before.count(k); };
-  fmt::print(
-      "profile: the process group issued {} all-gathers, {} reduce-scatters, {} all-reduces\n",
-      issued(fsdp::CollectiveKind::kAllGather), issued(fsdp::CollectiveKind::kReduceScatter),
-      issued(fsdp::CollectiveKind::kAllReduce));
+  const char* names[] = {"the process group", "the shard group", "the replicate group"};
+  for (size_t g = 0; g < after.size(); ++g) {
+    auto issued = [&](fsdp::CollectiveKind k) { return after[g].count(k) - before[g].count(k); };
+    fmt::print("profile: {} issued {} all-gathers, {} reduce-scatters, {} all-reduces\n", names[g],
+               issued(fsdp::CollectiveKind::kAllGather),
+               issued(fsdp::CollectiveKind::kReduceScatter),
+               issued(fsdp::CollectiveKind::kAllReduce));
+  }
   fmt::print("profile: waits per unit (training thread)\n{}", fsdp::format_unit_waits(summary));
   if (o.profile_shapes) {
     fmt::print("profile: roofline: scripts/roofline.py {} --steps {}\n", path,
@@ -161,7 +175,8 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   auto dist = fsdp::init_from_launch(launch, init);
   const int rank = dist.group->rank();
   const int64_t local_batch = o.batch / dist.group->size();
-  auto root = build_sharded_model(o, dist);
+  const auto mesh = fsdp::make_device_mesh(dist.group, o.replicas);
+  auto root = build_sharded_model(o, dist, mesh);
   const int64_t startup_peak = fsdp::host_peak_rss_bytes();
   auto opt = make_optimizer(o, root.parameters());
   auto data = open_data(o);
@@ -172,14 +187,14 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   const int start = resume(o, *root.module(), *opt, dist);
   double profile_comm_before = 0;
   int skipped = 0;  // steps skipped by --nonfinite skip
-  fsdp::CollectiveStats profile_stats_before;
+  std::vector<fsdp::CollectiveStats> profile_stats_before;
   const int64_t micro = local_batch / o.grad_accum;
   for (int step = start; step < o.steps; ++step) {
     auto batch = data->slice(step, rank * local_batch, local_batch);
     auto tokens = batch.tokens.to(dist.device), targets = batch.targets.to(dist.device);
     if (step == o.profile_first) {
       profile_comm_before = root.comm_stats().exposed_seconds;
-      profile_stats_before = dist.group->stats();
+      profile_stats_before = group_stats(mesh);
       fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
     }
     report.start_step(root.comm_stats());
@@ -199,9 +214,9 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     }
     double grad_norm = 0;
     if (o.clip_grad_norm > 0) {
-      grad_norm = fsdp::clip_grad_norm_(root.parameters(), o.clip_grad_norm, dist.group);
+      grad_norm = fsdp::clip_grad_norm_(root.parameters(), o.clip_grad_norm, mesh);
     } else if (o.nonfinite != "off") {
-      grad_norm = fsdp::total_grad_norm(root.parameters(), dist.group);
+      grad_norm = fsdp::total_grad_norm(root.parameters(), mesh);
     }
     if (o.nonfinite != "off" && !finite_step(loss_sum, grad_norm, dist)) {
       // The same verdict on every rank: the norm and the loss sum are global.
@@ -225,7 +240,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     }
     report.end_step(step, loss_sum, grad_norm, root.comm_stats(), root.memory_stats());
     if (step == o.profile_last) {
-      report_profile(o, dist, root.comm_stats().exposed_seconds - profile_comm_before,
+      report_profile(o, dist, mesh, root.comm_stats().exposed_seconds - profile_comm_before,
                      profile_stats_before);
     }
     const int done = step + 1;
