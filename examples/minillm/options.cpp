@@ -54,6 +54,14 @@ std::string check(const Options& o, int world_size) {
         "replicas ranks)",
         o.replicas, world_size);
   }
+  if (o.plan_ranks_per_host < 0 ||
+      (o.plan_ranks_per_host > 0 && world_size % o.plan_ranks_per_host != 0)) {
+    return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
+                       o.plan_ranks_per_host, world_size);
+  }
+  if (!(o.plan_capacity_gib >= 0)) {
+    return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
+  }
   if (o.grad_accum < 1) {
     return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
   }
@@ -204,6 +212,26 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
                  "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
                  "replicas consecutive ranks; gradients are all-reduced across replicas")
       ->capture_default_str();
+  app.add_flag("--track-host-memory", o.track_host_memory,
+               "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
+  app.add_flag("--plan", o.plan,
+               "Print the memory per rank and the communication per step these flags need "
+               "(the planner), then exit without training");
+  app.add_option("--plan-world", o.plan_world,
+                 "World size to plan for (default: the launched one)");
+  app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
+                 "Ranks per machine, consecutive (0: all on one machine)")
+      ->capture_default_str();
+  app.add_option("--plan-collectives", o.plan_collectives,
+                 "Measured collective times (collectives_bench --table) instead of --plan-links");
+  app.add_option("--plan-links", o.plan_links,
+                 "INTRA,INTER,LATENCY: bus bandwidth in GB/s within and between machines and "
+                 "microseconds per collective (default: typical H200 NVLink and 400 Gb/s "
+                 "InfiniBand figures, assumed)")
+      ->capture_default_str();
+  app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
+                 "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
+  app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
   app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
                "Keep blocks' full parameters from forward to backward (more memory, fewer "
                "all-gathers)");
@@ -234,6 +262,13 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   o.model.layers = layers.value_or(p.model.layers);
   o.model.heads = heads.value_or(p.model.heads);
   o.seq = seq.value_or(p.seq);
+  if (o.plan && o.plan_world < 0) {
+    return {std::nullopt, 2,
+            fmt::format("error: --plan-world must be positive, got {}", o.plan_world)};
+  }
+  // --plan describes another world than the one launched (usually one process).
+  if (o.plan && o.plan_world > 0) world_size = o.plan_world;
+  o.plan_world = world_size;
   o.batch = batch.value_or(p.batch_per_rank * world_size);
   o.steps = steps.value_or(p.steps);
   if (auto err = check(o, world_size); !err.empty()) {

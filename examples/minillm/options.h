@@ -41,6 +41,15 @@ struct Options {
   bool profile_shapes = true;  // record operator shapes and FLOPs (scripts/roofline.py)
   double comm_timeout_s = 60;  // a collective (or the rendezvous) waiting longer fails the run
   int replicas = 1;  // hybrid sharding: model replicas, each sharded over world / replicas ranks
+  bool track_host_memory = false;  // count CPU tensor bytes (host_tensor_peak_bytes per step)
+  // --plan: print what a run with these flags needs (fsdp/planner.h) instead of training.
+  bool plan = false;
+  int plan_world = 0;                    // the world to plan for (0: the launched one)
+  int plan_ranks_per_host = 0;           // consecutive ranks per machine (0: one machine)
+  std::string plan_collectives;          // collectives_bench --table CSV: measured times
+  std::string plan_links = "350,45,20";  // busbw GB/s within, between hosts; latency us
+  double plan_capacity_gib = 0;          // memory per rank; 0: not checked
+  std::string plan_json;                 // write the plan as JSON here
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

@@ -66,6 +66,7 @@ void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_pea
 void Reporter::start_step(const fsdp::CommStats& comm) {
   comm_before_ = comm.exposed_seconds;
   if (cuda_) torch::cuda::synchronize();
+  fsdp::reset_host_tensor_peak();  // --track-host-memory: this step's peak
   t0_ = std::chrono::steady_clock::now();
 }
 
@@ -109,6 +110,10 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
                         {"peak_comm_buffer_bytes", m.peak_comm_buffer_bytes},
                         {"world", pg.size()}};
     if (o_.clip_grad_norm > 0) j["grad_norm"] = grad_norm;
+    // This rank's (rank 0's: the most rows) CPU tensor peak of the step, all tensors counted.
+    if (auto host = fsdp::host_tensor_memory(); host.tracking) {
+      j["host_tensor_peak_bytes"] = host.peak;
+    }
     metrics_ << j.dump() << "\n";
     metrics_.flush();
   }

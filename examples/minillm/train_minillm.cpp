@@ -14,6 +14,7 @@
 #include "fsdp/fsdp.h"
 #include "model.h"
 #include "options.h"
+#include "plan_command.h"
 #include "report.h"
 
 namespace {
@@ -281,6 +282,9 @@ int main(int argc, char** argv) {
     if (launch.rank == 0) (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
   }
+  // The planner needs no communication: one process describes any world.
+  if (parsed.options->plan) return launch.rank == 0 ? minillm::run_plan(*parsed.options) : 0;
+  if (parsed.options->track_host_memory) fsdp::track_host_tensor_memory();
   try {
     return run(*parsed.options, launch);
   } catch (const std::exception& e) {

@@ -10,6 +10,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/fake_group.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/planner.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/launch.h"
 #include "fsdp/local_group.h"

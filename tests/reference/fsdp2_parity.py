@@ -5,7 +5,10 @@ C++ trainer with fsdp::fully_shard over MPI (or Gloo). Per-step losses, averaged
 agree within the tolerance.
 
   python fsdp2_parity.py --cpp build/bin/train_minillm --world 2 --dtype fp32 \
-      [--launcher mpi|gloo] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
+      [--replicas R] [--launcher mpi|gloo] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
+
+--replicas R compares hybrid sharding: FSDP2 over a (R, world / R) device mesh against
+train_minillm --replicas R.
 
 Tolerances (relative, worst step): fp32 1e-5; bf16 parameters with fp32 reduction 1e-2.
 """
@@ -49,6 +52,7 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="fp32")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--launcher", choices=["mpi", "gloo"], default="mpi")
     p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
@@ -69,12 +73,13 @@ def main():
                                  "--optimizer=fused-adamw"]
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
-                  f"--port={20000 + os.getpid() % 20000}"] + common, env, "RESULT ")
+                  f"--port={20000 + os.getpid() % 20000}", f"--replicas={a.replicas}"] + common,
+                 env, "RESULT ")
         py_losses = [float(line.split()[3]) for line in py.splitlines() if line.startswith("step ")]
 
         metrics = os.path.join(tmp, "cpp.jsonl")
         cpp = [a.cpp, f"--batch={GLOBAL_BATCH}", f"--dtype={a.dtype}", "--data=synthetic",
-               "--threads=1", f"--metrics-out={metrics}"] + common
+               "--threads=1", f"--metrics-out={metrics}", f"--replicas={a.replicas}"] + common
         if a.world > 1 and a.launcher == "mpi":
             cpp = a.mpiexec + ["-n", str(a.world)] + cpp
         elif a.world > 1:
@@ -85,7 +90,8 @@ def main():
 
     if len(py_losses) != a.steps or len(cpp_losses) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(py_losses)} (FSDP2), {len(cpp_losses)} (C++)")
-    print(f"world {a.world}, {a.dtype}, C++ over {a.launcher}, FSDP2 over gloo")
+    layout = f" as {a.replicas} replicas" if a.replicas > 1 else ""
+    print(f"world {a.world}{layout}, {a.dtype}, C++ over {a.launcher}, FSDP2 over gloo")
     print(f"{'step':>4} {'FSDP2 (PyTorch)':>16} {'fsdp-cpp':>16} {'rel err':>10}")
     worst = 0.0
     for step, (want, got) in enumerate(zip(py_losses, cpp_losses)):

@@ -1,0 +1,141 @@
+// Planner: what a sharded training step will need per rank (memory) and per step
+// (communication), predicted from the model's units, the layout and the dtypes before renting
+// the machines, with the same arithmetic the runtime uses (ceil(d0 / shards) rows per rank,
+// padded flat buffers, the unit schedule of fully_shard.h). bench/RESULTS.md holds it against
+// measured runs.
+//
+//   fsdp::plan::PlanRequest req;  req.units = ...;  req.layout = {64, 8, 8};
+//   req.comm = fsdp::plan::CommModel::links(350e9, 45e9, 20e-6);
+//   auto plan = fsdp::plan::make_plan(req);   // throws PlanError when it does not fit
+//   fmt::print("{}", fsdp::plan::format_plan(req, plan));
+//
+// Memory model, per rank, the rank with the most rows (rank 0):
+// - parameter, gradient and optimizer-state shards (original dtype; AdamW: two states);
+// - gathered parameters: the root's (kept from forward to backward) plus the largest other
+//   unit's (one at a time: a prefetched unit holds only its gather's buffers), in the compute
+//   dtype;
+// - communication buffers: the flat send and receive buffers of the collectives alive at once
+//   (in backward: the prefetched gather, two reduce-scatters, with hybrid sharding an
+//   all-reduce, as UnitState::track_reduction allows). CPU runs keep freed buffers in a pool by
+//   size, so these high-water marks stay allocated for the whole run: the model adds them;
+// - activations: what the units' forwards keep for backward (checkpointed units: their
+//   inputs only, plus one unit's activations during its recompute), plus the step's transient
+//   (the loss's gradients); the gradient shards fill in as the activations are freed, and at
+//   the end of backward autograd's full gradients of the largest unit (the root) wait for
+//   their reduce-scatter, so the step peaks at the larger of the two moments.
+// Communication: each collective's count per step, size, and time from a CommModel.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::plan {
+
+// The plan cannot be met (the model does not fit in the capacity given); the message names
+// the numbers.
+class PlanError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct ParamShape {
+  int64_t dim0 = 0;       // rows: the dimension that is sharded
+  int64_t row_numel = 1;  // elements per row (product of the other dimensions)
+};
+
+struct UnitSpec {
+  std::string name;
+  std::vector<ParamShape> params;  // the unit's own parameters (not those of units inside it)
+  // Bytes its forward keeps for backward, for this rank's micro-batch in the compute dtype;
+  // with checkpointing only checkpoint_input_bytes stay, and activation_bytes return for the
+  // recompute of one unit at a time.
+  int64_t activation_bytes = 0;
+  int64_t checkpoint_input_bytes = 0;
+  bool checkpointed = false;
+  bool reshard_after_forward = true;  // false for the root (FSDP2's default)
+};
+
+struct Layout {
+  int world = 1;
+  int replicas = 1;        // hybrid sharding: world / replicas ranks per shard group
+  int ranks_per_host = 0;  // consecutive ranks per machine; 0: all on one
+  int shards() const { return world / replicas; }
+};
+
+struct Dtypes {
+  int param_bytes = 4;    // the parameters' own dtype (the shards, gradients, optimizer state)
+  int compute_bytes = 4;  // MixedPrecisionPolicy::param_dtype
+  int reduce_bytes = 4;   // MixedPrecisionPolicy::reduce_dtype
+};
+
+enum class Op { kAllGather, kReduceScatter, kAllReduce };
+const char* op_name(Op op);
+
+// Seconds one collective takes: `bytes` is the full buffer (all-gather: output; reduce-scatter:
+// input; all-reduce: the tensor) over a group of `ranks`, `crosses_hosts` when its ranks sit on
+// more than one machine.
+class CommModel {
+ public:
+  // Bus bandwidths (bytes/s, nccl-tests' busbw) within a machine and between machines and a
+  // fixed latency per collective: bytes x (n - 1) / n / busbw (all-reduce: twice that).
+  static CommModel links(double intra_busbw, double inter_busbw, double latency_s);
+  // Measured times: the CSV that collectives_bench --table writes (op,ranks,bytes,seconds),
+  // interpolated log-log in bytes for the same op and group size. Throws PlanError naming the
+  // op and group size when the table has no row for them.
+  static CommModel measured(const std::string& csv_path);
+  double seconds(Op op, int ranks, int64_t bytes, bool crosses_hosts) const;
+  std::string describe() const;
+
+ private:
+  bool table_ = false;
+  double intra_ = 0, inter_ = 0, latency_ = 0;
+  std::string path_;
+  std::map<std::tuple<int, int>, std::vector<std::pair<int64_t, double>>> rows_;  // (op, ranks)
+};
+
+struct PlanRequest {
+  std::vector<UnitSpec> units;  // the root first, then the others in forward order
+  Layout layout;
+  Dtypes dtypes;
+  int optimizer_states = 2;     // tensors of optimizer state per parameter (AdamW: 2)
+  int64_t transient_bytes = 0;  // the step's largest short-lived tensors (logits, loss grads)
+  int micro_batches = 1;        // gradient accumulation: activations are per micro-batch
+  CommModel comm = CommModel::links(10e9, 10e9, 0);
+  int64_t capacity_bytes = 0;  // per rank; 0: not checked
+};
+
+struct MemoryPlan {
+  int64_t param_shards = 0, grad_shards = 0, optimizer_states = 0;
+  int64_t gathered_params = 0, comm_buffers = 0, activations = 0;
+  int64_t total = 0;
+};
+
+struct CollectivePlan {
+  std::string group;  // "shard" or "replicate"
+  Op op = Op::kAllGather;
+  int ranks = 1;
+  int64_t calls_per_step = 0;
+  int64_t bytes_per_step = 0;  // the sum of the calls' full buffers
+  double seconds_per_step = 0;
+};
+
+struct Plan {
+  MemoryPlan memory;
+  std::vector<CollectivePlan> collectives;
+  double comm_seconds_per_step = 0;
+};
+
+// Throws InvalidArgument for a layout that does not divide the world (or hosts that do not
+// divide it), PlanError when capacity_bytes is set and the total exceeds it.
+Plan make_plan(const PlanRequest& request);
+// A table of the memory per rank and of the collectives per step.
+std::string format_plan(const PlanRequest& request, const Plan& plan);
+// The same as one JSON object (bytes and seconds).
+std::string plan_json(const PlanRequest& request, const Plan& plan);
+
+}  // namespace fsdp::plan

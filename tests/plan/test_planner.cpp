@@ -1,0 +1,188 @@
+// The planner (fsdp/planner.h) against what the runtime does: MiniLLM's activation count
+// against the bytes its forward really keeps (counted by the host tensor allocator), and each
+// plan's shards, gathered parameters, communication buffers and collectives against the
+// runtime's own accounting after a real step on thread ranks; bad requests are named.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "fsdp/device_memory.h"
+#include "fsdp/planner.h"
+#include "fsdp/train_harness.h"
+#include "plan_model.h"
+#include "support/expect_error.h"
+
+namespace fsdp::testing {
+namespace {
+
+using plan::make_plan;
+using plan::Op;
+using plan::PlanRequest;
+
+// The counting allocator must see every tensor of a test; installed once, before any.
+class HostTensors : public ::testing::Environment {
+ public:
+  void SetUp() override { track_host_tensor_memory(); }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new HostTensors);
+
+int64_t allocated() { return host_tensor_memory().allocated; }
+
+struct BlockCase {
+  int64_t dim, heads, seq, batch;
+  at::ScalarType dtype;
+};
+
+class BlockActivations : public ::testing::TestWithParam<BlockCase> {};
+
+// What a block's forward keeps (its output included) is what block_activation_bytes counts,
+// to 1%: the count names every saved tensor, so a change in the ops shows here first.
+TEST_P(BlockActivations, MatchTheOpByOpCount) {
+  const auto c = GetParam();
+  minillm::Config cfg;
+  cfg.dim = c.dim;
+  cfg.heads = c.heads;
+  minillm::TransformerBlock block(c.dim, c.heads);
+  block->to(c.dtype);
+  auto x = at::randn({c.batch, c.seq, c.dim}, at::TensorOptions().dtype(c.dtype))
+               .set_requires_grad(true);
+  const int64_t before = allocated();
+  auto y = block->forward(x);
+  const int64_t kept = allocated() - before;
+  const int64_t want = minillm::block_activation_bytes(cfg, c.batch * c.seq, c.seq,
+                                                       static_cast<int>(at::elementSize(c.dtype)));
+  EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(want), 0.01 * want)
+      << "kept " << kept << " bytes, counted " << want;
+  y.sum().backward();  // the graph is real and complete
+  EXPECT_TRUE(x.grad().defined());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BlockActivations,
+                         ::testing::Values(BlockCase{64, 4, 32, 2, at::kFloat},
+                                           BlockCase{96, 6, 16, 3, at::kFloat},
+                                           BlockCase{128, 8, 64, 1, at::kFloat},
+                                           BlockCase{64, 4, 32, 2, at::kBFloat16},
+                                           BlockCase{96, 6, 16, 3, at::kBFloat16}));
+
+// The root's forward and the loss keep the embedding's output, the logits and the
+// log-probabilities.
+TEST(RootActivations, MatchTheCount) {
+  minillm::Config cfg;
+  cfg.vocab = 500;
+  cfg.dim = 64;
+  cfg.layers = 0;
+  minillm::MiniLLM model(cfg);
+  const int64_t batch = 3, seq = 16;
+  auto tokens = at::randint(cfg.vocab, {batch, seq}, at::kLong);
+  auto targets = at::randint(cfg.vocab, {batch, seq}, at::kLong);
+  const int64_t before = allocated();
+  auto logits = model->forward(tokens);
+  auto loss =
+      at::cross_entropy_loss(logits.reshape({-1, cfg.vocab}).to(at::kFloat), targets.reshape(-1));
+  const int64_t kept = allocated() - before;
+  const int64_t want = minillm::root_activation_bytes(cfg, batch * seq, 4);
+  EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(want), 0.01 * want)
+      << "kept " << kept << " bytes, counted " << want;
+}
+
+PlanRequest tiny_request(const TrainSpec& spec, int world, int replicas) {
+  minillm::PlanShape shape;
+  shape.model = spec.model;
+  shape.seq = spec.seq;
+  shape.batch_per_rank = spec.batch / world;
+  PlanRequest r;
+  r.units = minillm::plan_units(shape);
+  r.layout = {world, replicas, 0};
+  return r;
+}
+
+struct LayoutCase {
+  int world, replicas;
+};
+
+class PlanAgainstRuntime : public ::testing::TestWithParam<LayoutCase> {};
+
+// After one real step: the shards, the gathered parameters' peak and every collective's calls
+// and bytes are the plan's exactly; the communication buffers alive at once stay within the
+// plan's high-water marks.
+TEST_P(PlanAgainstRuntime, ShardsGathersAndCollectivesAreExact) {
+  const auto c = GetParam();
+  TrainSpec spec;
+  auto plan = make_plan(tiny_request(spec, c.world, c.replicas));
+  run_local_ranks(
+      c.world,
+      [&](const ProcessGroupPtr& pg) {
+        auto mesh = make_device_mesh(pg, c.replicas);
+        auto model = build_model(spec);
+        auto root = shard_model(model, mesh, spec);
+        pg->reset_stats();
+        auto [tokens, targets] = global_batch(spec, 0);
+        const int64_t local = spec.batch / c.world;
+        loss_of(root(rank_slice(tokens, pg, local)), rank_slice(targets, pg, local),
+                spec.model.output_size())
+            .backward();
+        if (pg->rank() != 0) return;
+        const auto m = root.memory_stats();
+        EXPECT_EQ(m.sharded_param_bytes, plan.memory.param_shards);
+        EXPECT_EQ(m.sharded_grad_bytes, plan.memory.grad_shards);
+        EXPECT_EQ(m.peak_full_param_bytes, plan.memory.gathered_params);
+        EXPECT_LE(m.peak_comm_buffer_bytes, plan.memory.comm_buffers);
+        EXPECT_GE(m.peak_comm_buffer_bytes, plan.memory.comm_buffers / 2);
+        for (const auto& coll : plan.collectives) {
+          const auto& stats = coll.group == "shard" ? mesh.shard->stats() : mesh.replicate->stats();
+          const auto kind = coll.op == Op::kAllGather       ? CollectiveKind::kAllGather
+                            : coll.op == Op::kReduceScatter ? CollectiveKind::kReduceScatter
+                                                            : CollectiveKind::kAllReduce;
+          // The stats count each call's input; an all-gather's input is 1/shards of its output.
+          const int64_t in_bytes =
+              coll.op == Op::kAllGather ? coll.bytes_per_step / coll.ranks : coll.bytes_per_step;
+          EXPECT_EQ(stats.count(kind), coll.calls_per_step) << plan::op_name(coll.op);
+          EXPECT_EQ(stats.bytes_of(kind), in_bytes) << plan::op_name(coll.op);
+        }
+        if (c.world == 1) {
+          EXPECT_TRUE(plan.collectives.empty());
+        }
+      },
+      test_options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PlanAgainstRuntime,
+                         ::testing::Values(LayoutCase{1, 1}, LayoutCase{2, 1}, LayoutCase{3, 1},
+                                           LayoutCase{4, 1}, LayoutCase{4, 2}, LayoutCase{4, 4}));
+
+TEST(PlanErrors, NameTheNumbers) {
+  TrainSpec spec;
+  expect_error_containing<InvalidArgument>([&] { make_plan(tiny_request(spec, 4, 3)); },
+                                           "3 replicas do not divide a world of 4 ranks");
+  auto r = tiny_request(spec, 4, 1);
+  r.layout.ranks_per_host = 3;
+  expect_error_containing<InvalidArgument>([&] { make_plan(r); },
+                                           "3 ranks per host do not divide a world of 4 ranks");
+  r = tiny_request(spec, 2, 1);
+  r.capacity_bytes = 1 << 20;
+  expect_error_containing<plan::PlanError>([&] { make_plan(r); }, "does not fit: a rank needs");
+  expect_error_containing<plan::PlanError>([&] { make_plan(r); }, "but has 0.00 GiB; 2 ranks");
+  // A measured table without the group size asked for names it.
+  const std::string path = "/tmp/fsdp_plan_table_" + std::to_string(::getpid()) + ".csv";
+  {
+    std::ofstream out(path);
+    out << "op,ranks,bytes,seconds\nall_gather,2,4096,0.00001\nall_gather,2,1048576,0.0004\n";
+  }
+  r = tiny_request(spec, 2, 1);
+  r.comm = plan::CommModel::measured(path);
+  expect_error_containing<plan::PlanError>([&] { make_plan(r); },
+                                           "has no reduce_scatter over 2 ranks");
+  // Interpolation between measured sizes is log-log: halfway in log size, halfway in log time.
+  // 65536 is halfway between 4096 and 1048576 in log size: sqrt of the time ratio 40.
+  EXPECT_NEAR(r.comm.seconds(Op::kAllGather, 2, 65536, false), 0.00001 * std::sqrt(40.0), 1e-12);
+  std::remove(path.c_str());
+  expect_error_containing<plan::PlanError>(
+      [&] { plan::CommModel::measured("/nonexistent/table.csv"); },
+      "cannot read the collectives table /nonexistent/table.csv");
+}
+
+}  // namespace
+}  // namespace fsdp::testing
