@@ -5,13 +5,13 @@
 #   scripts/netns_hosts.sh up NAME HOSTS   creates NAME-h0 .. NAME-h<HOSTS-1> (10.77.0.1, .2,
 #                                          ...) and NAME-sw, the switch they hang off
 #   scripts/netns_hosts.sh down NAME       removes them (and their links)
-#   scripts/netns_hosts.sh exec NAME I CMD...   runs CMD on host I
+#   scripts/netns_hosts.sh exec NAME I CMD...   runs CMD on host I (hostname NAME-hI)
 #   scripts/netns_hosts.sh check           exits 0 when this machine can create namespaces
 #                                          (root and `ip netns`), else prints why and exits 1
 #
 # Nothing outside the namespaces changes: the bridge lives in NAME-sw, not on the machine's own
-# network, and only the addresses 10.77.0.0/24 inside the namespaces are used. Files, the
-# hostname and /dev/shm stay shared, as they would not be between real machines.
+# network, and only the addresses 10.77.0.0/24 inside the namespaces are used. Each host has
+# its own hostname; files and /dev/shm stay shared, as they would not be between real machines.
 set -euo pipefail
 
 usage() { sed -n '5,9p' "$0" >&2; exit 2; }
@@ -68,6 +68,9 @@ case "$cmd" in
   check) check ;;
   up) [ $# -eq 2 ] || usage; up "$@" ;;
   down) [ $# -eq 1 ] || usage; down "$@" ;;
-  exec) [ $# -ge 3 ] || usage; ns="$(host_ns "$1" "$2")"; shift 2; exec ip netns exec "$ns" "$@" ;;
+  # Each host also gets its own hostname (a UTS namespace): Open MPI names its shared-memory
+  # segments after the host, and two "hosts" of one name would collide in the shared /dev/shm.
+  exec) [ $# -ge 3 ] || usage; ns="$(host_ns "$1" "$2")"; shift 2
+        exec ip netns exec "$ns" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$ns" "$@" ;;
   *) usage ;;
 esac

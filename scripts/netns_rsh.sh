@@ -12,5 +12,6 @@ if [[ ! "$host" =~ ^10\.77\.0\.([0-9]+)$ ]]; then
   echo "netns_rsh.sh: '$host' is not a namespace host address (10.77.0.N)" >&2; exit 2
 fi
 ns="${FSDP_NETNS_NAME}-h$((BASH_REMATCH[1] - 1))"
-# ssh hands the command line to a shell on the remote side; do the same.
-exec ip netns exec "$ns" /bin/sh -c "$*"
+# ssh hands the command line to a shell on the remote side; do the same, under the host's own
+# hostname (netns_hosts.sh exec does the same for commands started there).
+exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $ns && $*"

@@ -19,7 +19,7 @@ if ! why="$("$hosts" check 2>&1)"; then
 fi
 name="fsdp$$"
 tmp="$(mktemp -d)"
-cleanup() { "$hosts" down "$name"; rm -rf "$tmp"; }
+cleanup() { "$hosts" down "$name"; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; }
 trap cleanup EXIT
 "$hosts" up "$name" 2 || { echo "could not set up the namespaces"; exit 1; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -69,7 +69,7 @@ mpi_run mpi_hsdp "$bin" "${args[@]}" --replicas 2 --metrics-out "$tmp/mpi_hsdp.j
 for h in 0 1; do
   want="$("$hosts" exec "$name" "$h" readlink /proc/self/ns/net)"
   for r in $((2 * h)) $((2 * h + 1)); do
-    grep -qx "$r $want" "$tmp/where.log" \
+    grep -qxF "$r $want" "$tmp/where.log" \
       || { echo "rank $r did not run on host $h ($want):"; cat "$tmp/where.log"; fail=1; }
   done
 done
