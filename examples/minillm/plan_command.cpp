@@ -45,6 +45,7 @@ fsdp::plan::PlanRequest plan_request(const Options& o) {
   r.optimizer_states = 2;                  // AdamW: exp_avg, exp_avg_sq
   r.transient_bytes = loss_transient_bytes(o.model, shape.batch_per_rank * o.seq);
   r.micro_batches = o.grad_accum;
+  r.reduce_every_micro_batch = o.grad_accum_sync;
   r.comm = comm_model(o);
   r.capacity_bytes = static_cast<int64_t>(o.plan_capacity_gib * 1024 * 1024 * 1024);
   return r;

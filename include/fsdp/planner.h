@@ -105,6 +105,8 @@ struct PlanRequest {
   int optimizer_states = 2;     // tensors of optimizer state per parameter (AdamW: 2)
   int64_t transient_bytes = 0;  // the step's largest short-lived tensors (logits, loss grads)
   int micro_batches = 1;        // gradient accumulation: activations are per micro-batch
+  // Reduce after every micro-batch (no unsharded gradients kept) instead of after the last.
+  bool reduce_every_micro_batch = false;
   CommModel comm = CommModel::links(10e9, 10e9, 0);
   int64_t capacity_bytes = 0;  // per rank; 0: not checked
 };

@@ -110,7 +110,7 @@ Plan make_plan(const PlanRequest& r) {
   m.activations = kept + recompute + r.transient_bytes;
   // Accumulation without sync keeps every unit's full gradient, in the reduce dtype.
   int64_t unsharded_grads = 0;
-  if (r.micro_batches > 1 && !passthrough) {
+  if (r.micro_batches > 1 && !r.reduce_every_micro_batch && !passthrough) {
     for (const auto& s : sizes) unsharded_grads += s.full * d.reduce_bytes;
   }
   // Backward starts with every activation alive and no gradient (zero_grad frees them); it
@@ -135,23 +135,25 @@ Plan make_plan(const PlanRequest& r) {
       if (u.params.empty()) continue;
       const int64_t padded = sizes[i].padded;
       // Forward gathers every unit per micro-batch; backward gathers again those freed after
-      // forward; gradients are reduced once per step.
+      // forward; gradients are reduced once per step (or per micro-batch).
       const int64_t gathers = r.micro_batches * (u.reshard_after_forward ? 2 : 1);
+      const int64_t reductions = r.reduce_every_micro_batch ? r.micro_batches : 1;
       const int64_t ag_bytes = shards * padded * d.compute_bytes;
       const int64_t rs_bytes = shards * padded * d.reduce_bytes;
       ag.calls_per_step += gathers;
       ag.bytes_per_step += gathers * ag_bytes;
       ag.seconds_per_step +=
           gathers * r.comm.seconds(Op::kAllGather, shards, ag_bytes, shard_crosses);
-      rs.calls_per_step += 1;
-      rs.bytes_per_step += rs_bytes;
-      rs.seconds_per_step += r.comm.seconds(Op::kReduceScatter, shards, rs_bytes, shard_crosses);
+      rs.calls_per_step += reductions;
+      rs.bytes_per_step += reductions * rs_bytes;
+      rs.seconds_per_step +=
+          reductions * r.comm.seconds(Op::kReduceScatter, shards, rs_bytes, shard_crosses);
       if (hybrid) {
         const int64_t ar_bytes = padded * d.reduce_bytes;
-        ar.calls_per_step += 1;
-        ar.bytes_per_step += ar_bytes;
+        ar.calls_per_step += reductions;
+        ar.bytes_per_step += reductions * ar_bytes;
         ar.seconds_per_step +=
-            r.comm.seconds(Op::kAllReduce, l.replicas, ar_bytes, replicate_crosses);
+            reductions * r.comm.seconds(Op::kAllReduce, l.replicas, ar_bytes, replicate_crosses);
       }
     }
     plan.collectives = {ag, rs};

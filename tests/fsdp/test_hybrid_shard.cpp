@@ -2,6 +2,7 @@
 // parameters of a single process and of plain FSDP; each group carries exactly its
 // collectives; clipping, checkpoints and export see each shard once; bad layouts are named.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -232,6 +233,36 @@ TEST(HybridCheckpoint, SavesEachShardOnceAndLoadsUnderAnyLayout) {
         if (pg->rank() == 0) path = p;
       },
       test_options());
+  // The same model saved plainly at world 4: the hybrid checkpoint's rank files hold as many
+  // bytes (replica 1 wrote no rows).
+  const std::string plain_dir = fresh_dir("plain");
+  std::string plain_path;
+  run_local_ranks(
+      4,
+      [&](const ProcessGroupPtr& pg) {
+        auto model = build_model(spec);
+        auto root = shard_model(model, pg, spec);
+        torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(spec.lr));
+        auto [tokens, targets] = global_batch(spec, 0);
+        loss_of(root(rank_slice(tokens, pg, 3)), rank_slice(targets, pg, 3),
+                spec.model.output_size())
+            .backward();
+        opt.step();
+        auto p = save_checkpoint(plain_dir, 1, *model, &opt, pg);
+        if (pg->rank() == 0) plain_path = p;
+      },
+      test_options());
+  auto bytes_of_rank_files = [](const std::string& step_dir) {
+    int64_t total = 0;
+    for (int r = 0; r < 4; ++r) {
+      struct stat st {};
+      const auto f = step_dir + "/rank_0000" + std::to_string(r) + ".bin";
+      if (::stat(f.c_str(), &st) == 0) total += st.st_size;
+    }
+    return total;
+  };
+  EXPECT_EQ(bytes_of_rank_files(path), bytes_of_rank_files(plain_path));
+  EXPECT_GT(bytes_of_rank_files(path), 0);
   for (int replicas_then : {1, 4}) {
     for (int world : {4, 3}) {
       if (replicas_then == 4 && world == 3) continue;
@@ -279,7 +310,7 @@ TEST(HybridCheckpoint, SavesEachShardOnceAndLoadsUnderAnyLayout) {
     ASSERT_TRUE(exported.count(name)) << name;
     EXPECT_TRUE(at::equal(exported.at(name), want)) << name;
   }
-  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "' '" + plain_dir + "'").c_str()), 0);
 }
 
 TEST(HybridErrors, LayoutsThatDoNotFitTheWorldAreNamed) {
