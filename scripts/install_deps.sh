@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what this project needs and is missing; idempotent, and quick when all is there.
-#   1. Debian packages (apt-get): compiler, CMake, Open MPI, fmt, GoogleTest, CLI11, nlohmann-json.
+#   1. Debian packages (apt-get): compiler, CMake, Open MPI, fmt, GoogleTest, CLI11, nlohmann-json,
+#      iproute2.
 #   2. libtorch: PyTorch 2.11.0 from PyPI, with the Python packages the tests and benchmarks use,
 #      in a virtual environment outside the source tree:
 #        FSDP_VENV (default: $HOME/.cache/fsdp-cpp/venv)
@@ -19,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev
   libcli11-dev          # command-line parsing for the examples and benchmarks
   nlohmann-json3-dev    # JSON: metrics lines, safetensors headers
+  iproute2              # `ip netns`: the multi-host test's namespace "hosts"
 )
 python_packages=(
   "torch==${torch_version}"

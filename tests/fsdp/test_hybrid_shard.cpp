@@ -210,48 +210,40 @@ TEST(HybridCheckpoint, SavesEachShardOnceAndLoadsUnderAnyLayout) {
   const std::string dir = fresh_dir("ckpt");
   std::vector<std::pair<std::string, at::Tensor>> saved;
   std::string path;
-  run_local_ranks(
-      4,
-      [&](const ProcessGroupPtr& pg) {
-        auto mesh = make_device_mesh(pg, 2);
-        auto model = build_model(spec);
-        std::vector<int64_t> dim0;
-        for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
-        auto root = shard_model(model, mesh, spec);
-        torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(spec.lr));
-        auto [tokens, targets] = global_batch(spec, 0);
-        loss_of(root(rank_slice(tokens, pg, 3)), rank_slice(targets, pg, 3),
-                spec.model.output_size())
-            .backward();
-        opt.step();
-        auto p = save_checkpoint(dir, 1, *model, &opt, pg);
-        size_t i = 0;
-        for (const auto& item : model->named_parameters()) {
-          auto full = gather_full(mesh.shard, item.value(), dim0[i++]);
-          if (pg->rank() == 0) saved.emplace_back(item.key(), full);
-        }
-        if (pg->rank() == 0) path = p;
-      },
-      test_options());
+  // One AdamW step on `replicas` replicas at world 4, saved into `into`; returns the path.
+  auto train_and_save = [&](int replicas, const std::string& into) {
+    std::string out;
+    run_local_ranks(
+        4,
+        [&](const ProcessGroupPtr& pg) {
+          auto mesh = make_device_mesh(pg, replicas);
+          auto model = build_model(spec);
+          std::vector<int64_t> dim0;
+          for (const auto& p : model->parameters()) dim0.push_back(p.size(0));
+          auto root = shard_model(model, mesh, spec);
+          torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(spec.lr));
+          auto [tokens, targets] = global_batch(spec, 0);
+          loss_of(root(rank_slice(tokens, pg, 3)), rank_slice(targets, pg, 3),
+                  spec.model.output_size())
+              .backward();
+          opt.step();
+          auto p = save_checkpoint(into, 1, *model, &opt, pg);
+          if (pg->rank() == 0) out = p;
+          if (replicas == 1) return;
+          size_t i = 0;
+          for (const auto& item : model->named_parameters()) {
+            auto full = gather_full(mesh.shard, item.value(), dim0[i++]);  // collective
+            if (pg->rank() == 0) saved.emplace_back(item.key(), full);
+          }
+        },
+        test_options());
+    return out;
+  };
+  path = train_and_save(2, dir);
   // The same model saved plainly at world 4: the hybrid checkpoint's rank files hold as many
   // bytes (replica 1 wrote no rows).
   const std::string plain_dir = fresh_dir("plain");
-  std::string plain_path;
-  run_local_ranks(
-      4,
-      [&](const ProcessGroupPtr& pg) {
-        auto model = build_model(spec);
-        auto root = shard_model(model, pg, spec);
-        torch::optim::AdamW opt(root.parameters(), torch::optim::AdamWOptions(spec.lr));
-        auto [tokens, targets] = global_batch(spec, 0);
-        loss_of(root(rank_slice(tokens, pg, 3)), rank_slice(targets, pg, 3),
-                spec.model.output_size())
-            .backward();
-        opt.step();
-        auto p = save_checkpoint(plain_dir, 1, *model, &opt, pg);
-        if (pg->rank() == 0) plain_path = p;
-      },
-      test_options());
+  const std::string plain_path = train_and_save(1, plain_dir);
   auto bytes_of_rank_files = [](const std::string& step_dir) {
     int64_t total = 0;
     for (int r = 0; r < 4; ++r) {
