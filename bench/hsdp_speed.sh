@@ -2,8 +2,9 @@
 # Hybrid sharding against plain FSDP, fsdp-cpp and PyTorch FSDP2 side by side: cpu-small at
 # world 4 as 1 x 4 (plain) and 2 x 2 (HSDP), the four programs alternating round by round;
 # writes bench/results/hsdp.csv (program,layout,round,tokens_per_s,peak_rss_mb) and rewrites
-# bench/RESULTS.md. On one machine HSDP has no slow link to spare, so this measures its cost
-# (each rank holds 1/2 instead of 1/4 of the state, plus an all-reduce), not its gain.
+# bench/RESULTS.md. On one machine HSDP has no slow link to spare: this measures what the
+# layout itself costs or saves (1/2 instead of 1/4 of the state per rank, collectives of 2
+# ranks instead of 4, plus an all-reduce), not its gain between machines.
 #   bench/hsdp_speed.sh [--rounds N]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

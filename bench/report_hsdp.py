@@ -18,8 +18,9 @@ def section(res):
     rounds = len({r["round"] for r in rows})
     lines = ["## Hybrid sharding: world 4 as 1 x 4 and 2 x 2 (bench/hsdp_speed.sh)", "",
              f"cpu-small, 4 sequences per rank, fp32, {rounds} alternating rounds, medians. One "
-             "machine has no slow link for HSDP to spare, so this is its cost: each rank holds "
-             "half the state instead of a quarter, and the gradients take one more collective.",
+             "machine has no slow link for HSDP to spare; what changes is that each rank holds "
+             "half the state instead of a quarter, its gathers and reduce-scatters span 2 ranks "
+             "instead of 4, and the gradients take one more collective (an all-reduce of 2).",
              "", "| program | layout | tokens/s | peak RSS per rank (MiB) |", "|---|---|---|---|"]
     for prog in ("fsdp-cpp", "pytorch-fsdp2"):
         for layout in ("1x4", "2x2"):
