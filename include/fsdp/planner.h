@@ -16,7 +16,7 @@
 //   dtype;
 // - communication buffers: the flat send and receive buffers of the collectives alive at once
 //   (in backward: the prefetched gather, two reduce-scatters, with hybrid sharding an
-//   all-reduce, as UnitState::track_reduction allows). CPU runs keep freed buffers in a pool by
+//   all-reduce of a reduced shard, as UnitState::track_reduction allows). CPU runs keep freed buffers in a pool by
 //   size, so these high-water marks stay allocated for the whole run: the model adds them;
 // - activations: what the units' forwards keep for backward (checkpointed units: their
 //   inputs only, plus one unit's activations during its recompute), plus the step's transient
@@ -107,6 +107,8 @@ struct PlanRequest {
   int micro_batches = 1;        // gradient accumulation: activations are per micro-batch
   // Reduce after every micro-batch (no unsharded gradients kept) instead of after the last.
   bool reduce_every_micro_batch = false;
+  // How collectives are timed. The default (10 GB/s everywhere, no latency) is a placeholder:
+  // set links of the machines planned for, or a measured table.
   CommModel comm = CommModel::links(10e9, 10e9, 0);
   int64_t capacity_bytes = 0;  // per rank; 0: not checked
 };

@@ -83,16 +83,18 @@ Plan make_plan(const PlanRequest& r) {
     const auto set_bytes = [&](int64_t padded, int bytes) { return (1 + shards) * padded * bytes; };
     // In backward, at block i: the prefetched gather of block i - 1, the reduce-scatter of
     // block i and the one of block i + 1 still in flight, and with hybrid sharding the
-    // all-reduce of block i + 2 (UnitState::track_reduction). The pool keeps buffers by size
-    // and dtype, so with one dtype gathers and reductions share them: the most alive at once.
-    const int64_t in_flight_reductions = std::min<int64_t>(blocks, hybrid ? 3 : 2);
-    const int64_t with_prefetch = std::min<int64_t>(blocks, 1 + in_flight_reductions);
+    // all-reduce of block i + 2, which keeps only the reduced shard (UnitState::
+    // track_reduction, ParamGroup::start_all_reduce). The pool keeps buffers by size and dtype,
+    // so with one dtype gathers and reductions share them: the most alive at once.
+    const int64_t reduced_shard = block_padded * d.reduce_bytes;
     int64_t block_sets = 0;
     if (d.compute_bytes == d.reduce_bytes) {
-      block_sets = set_bytes(block_padded, d.reduce_bytes) * with_prefetch;
+      block_sets = set_bytes(block_padded, d.reduce_bytes) * std::min<int64_t>(blocks, 3) +
+                   (hybrid && blocks >= 4 ? reduced_shard : 0);
     } else {
       block_sets = set_bytes(block_padded, d.compute_bytes) * std::min<int64_t>(blocks, 1) +
-                   set_bytes(block_padded, d.reduce_bytes) * in_flight_reductions;
+                   set_bytes(block_padded, d.reduce_bytes) * std::min<int64_t>(blocks, 2) +
+                   (hybrid && blocks >= 3 ? reduced_shard : 0);
     }
     // The root gathers once (it keeps its parameters through backward) and reduces last.
     const int64_t root_sets = d.compute_bytes == d.reduce_bytes

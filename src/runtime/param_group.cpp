@@ -168,9 +168,15 @@ void ParamGroup::start_all_reduce() {
   }
   FSDP_RANGE(range_names_.all_reduce);
   // The shard group averaged over its ranks; averaging over the replicas makes it the average
-  // over the world. In place on the reduced shard: no further buffer.
+  // over the world. In place on the reduced shard: no further buffer. Replacing the work drops
+  // the reduce-scatter's, the backend's last reference to its input.
   reduce_work_ = replicate_->all_reduce(reduce_out_, ReduceOp::kAvg);
   all_reduce_issued_ = true;
+  // The reduce-scatter's input (world-sized) is spent: back to the pool now, so that the next
+  // unit's reduce-scatter reuses it while this all-reduce runs.
+  acct_->add_comm(-bytes_of(reduce_in_));
+  acct_->pool->give(std::move(reduce_in_));
+  reduce_in_ = at::Tensor();
 }
 
 void ParamGroup::finish_reduce() {

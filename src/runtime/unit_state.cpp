@@ -156,8 +156,9 @@ void UnitState::track_reduction(ParamGroup* group) {
   // One reduce-scatter may run while the next unit's backward computes; older ones are waited
   // for. With hybrid sharding the previous unit's all-reduce across replicas may run as well
   // (on the replicate group, beside this reduce-scatter on the shard group): the unit before
-  // the newest moves on to its all-reduce instead of finishing, and older ones finish. So the
-  // gradient buffers of at most two units (three with hybrid sharding) are alive at once.
+  // the newest moves on to its all-reduce instead of finishing (returning its reduce-scatter's
+  // input to the pool), and older ones finish. So the gradient buffers of at most two units
+  // are alive at once, and with hybrid sharding a third unit's reduced shard.
   auto& in_flight = ctx_->reductions_in_flight;
   in_flight.push_back(group);
   while (in_flight.size() > 1) {
