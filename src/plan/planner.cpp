@@ -67,18 +67,24 @@ Plan make_plan(const PlanRequest& r) {
   m.grad_shards = m.param_shards;
   m.optimizer_states = r.optimizer_states * m.param_shards;
 
-  // Units other than the root (the blocks): the largest sets the sizes.
-  int64_t block_full = 0, block_padded = 0;
+  // Units other than the root (the blocks): the largest sets the buffers' sizes. Blocks that
+  // keep their parameters from forward to backward (reshard_after_forward false) hold them
+  // all at once; the others one at a time.
+  int64_t block_full = 0, block_padded = 0, kept_full = 0;
   for (size_t i = 1; i < sizes.size(); ++i) {
-    block_full = std::max(block_full, sizes[i].full);
     block_padded = std::max(block_padded, sizes[i].padded);
+    if (r.units[i].reshard_after_forward) {
+      block_full = std::max(block_full, sizes[i].full);
+    } else {
+      kept_full += sizes[i].full;
+    }
   }
   const int64_t blocks = static_cast<int64_t>(sizes.size()) - 1;
   if (!passthrough) {
     // Full parameters exist from a unit's wait for its gather to its reshard: the root's from
     // its forward to the end of backward, one block's at a time (a prefetched block holds only
-    // its gather's buffers until its turn).
-    m.gathered_params = (sizes[0].full + block_full) * d.compute_bytes;
+    // its gather's buffers until its turn), and every block's that is kept.
+    m.gathered_params = (sizes[0].full + kept_full + block_full) * d.compute_bytes;
     // Buffers of one collective: send and receive, (1 + shards) x padded elements either way.
     const auto set_bytes = [&](int64_t padded, int bytes) { return (1 + shards) * padded * bytes; };
     // In backward, at block i: the prefetched gather of block i - 1, the reduce-scatter of

@@ -101,6 +101,7 @@ PlanRequest tiny_request(const TrainSpec& spec, int world, int replicas) {
 
 struct LayoutCase {
   int world, replicas;
+  bool keep_blocks = false;  // reshard_after_forward false: blocks stay full until backward
 };
 
 class PlanAgainstRuntime : public ::testing::TestWithParam<LayoutCase> {};
@@ -111,7 +112,10 @@ class PlanAgainstRuntime : public ::testing::TestWithParam<LayoutCase> {};
 TEST_P(PlanAgainstRuntime, ShardsGathersAndCollectivesAreExact) {
   const auto c = GetParam();
   TrainSpec spec;
-  auto plan = make_plan(tiny_request(spec, c.world, c.replicas));
+  if (c.keep_blocks) spec.reshard_after_forward = false;
+  auto request = tiny_request(spec, c.world, c.replicas);
+  for (auto& u : request.units) u.reshard_after_forward = !c.keep_blocks && u.name != "(root)";
+  auto plan = make_plan(request);
   run_local_ranks(
       c.world,
       [&](const ProcessGroupPtr& pg) {
@@ -151,7 +155,8 @@ TEST_P(PlanAgainstRuntime, ShardsGathersAndCollectivesAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PlanAgainstRuntime,
                          ::testing::Values(LayoutCase{1, 1}, LayoutCase{2, 1}, LayoutCase{3, 1},
-                                           LayoutCase{4, 1}, LayoutCase{4, 2}, LayoutCase{4, 4}));
+                                           LayoutCase{4, 1}, LayoutCase{4, 2}, LayoutCase{4, 4},
+                                           LayoutCase{2, 1, true}, LayoutCase{4, 2, true}));
 
 TEST(PlanErrors, NameTheNumbers) {
   TrainSpec spec;
