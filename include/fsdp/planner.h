@@ -16,8 +16,9 @@
 //   dtype;
 // - communication buffers: the flat send and receive buffers of the collectives alive at once
 //   (in backward: the prefetched gather, two reduce-scatters, with hybrid sharding an
-//   all-reduce of a reduced shard, as UnitState::track_reduction allows). CPU runs keep freed buffers in a pool by
-//   size, so these high-water marks stay allocated for the whole run: the model adds them;
+//   all-reduce of a reduced shard, as UnitState::track_reduction allows). CPU runs keep freed
+//   buffers in a pool by size, so these high-water marks stay allocated for the whole run: the
+//   model adds them;
 // - activations: what the units' forwards keep for backward (checkpointed units: their
 //   inputs only, plus one unit's activations during its recompute), plus the step's transient
 //   (the loss's gradients); the gradient shards fill in as the activations are freed, and at
