@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planner's figures for bench/RESULTS.md: its predictions against measured runs on this
-# machine (tests/examples/planner_check.sh, the ctest's own script) and its plan of the
+# machine (tests/tools/planner_check.sh --comm, the ctest's own script) and its plan of the
 # reference preset on 8 and 64 H200 GPUs in hybrid layouts (assumed link figures, see
 # README.md). Writes bench/results/planner_check.txt and plan_reference.md, then rewrites
 # bench/RESULTS.md.
@@ -11,7 +11,7 @@ build="${1:-$root/build}"
 out="$root/bench/results"
 mpi=(mpirun --oversubscribe)
 [ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
-"$root/tests/examples/planner_check.sh" "$build/bin/train_minillm" "$build/bin/collectives_bench" \
+"$root/tests/tools/planner_check.sh" --comm "$build/bin/collectives_bench" "$build/bin/train_minillm" \
   "${mpi[@]}" | tee "$out/planner_check.txt"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 {

@@ -14,7 +14,9 @@ launch="$root/scripts/launch.sh"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 timeout_s=5
-limit=$((timeout_s + 25))  # the bound each case must meet, seconds
+# The bound each case must meet, seconds: generous, so that it tells a job that ended from one
+# that hangs on any machine, however busy (the times are printed, and bench/ reports them).
+limit=$((timeout_s + 115))
 fail=0
 
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
@@ -89,7 +91,7 @@ for np in 2 4; do
       FSDP_BACKEND=gloo "$launch" --nproc "$np" "$train" "${args[@]}" > "$tmp/train.log" 2>&1 &
     fi
     job=$!
-    for _ in $(seq 1 600); do grep -q "^step    3 " "$tmp/train.log" && break; sleep 0.1; done
+    for _ in $(seq 1 3000); do grep -q "^step    3 " "$tmp/train.log" && break; sleep 0.1; done
     victim=$(pgrep -n -f -- "--seed 4242")
     t0=$EPOCHREALTIME
     kill -9 "$victim"

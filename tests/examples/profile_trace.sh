@@ -2,10 +2,12 @@
 # Profiling through the trainer at world 2 (mpiexec): --profile-steps writes one Chrome trace per
 # rank; the trace parses as JSON with FSDP's ranges, named per unit ("fsdp::pre_forward
 # (layers.0)"); its fsdp::comm::* ranges match the process group's own counts and carry their
-# sizes; reduce-scatters on the communication thread run mostly while the training thread is
-# not waiting for them; the exposed communication read from the trace agrees with the trainer's
-# count within 10% (or 2 ms) and its per-unit waits add up to it; and scripts/roofline.py
-# finds the model's matmul FLOPs (6 x tokens x matmul parameters) and draws its plot.
+# sizes; every wait of the training thread lies inside one of FSDP's phases (a unit's
+# pre-forward, pre-backward or post-backward, or the end of backward); the per-unit wait table
+# adds up to the exposed total read from the same ranges; and scripts/roofline.py finds the
+# model's matmul FLOPs (6 x tokens x matmul parameters) and draws its plot. How much of the
+# communication overlaps compute is a time and depends on the machine's load: it is reported
+# here and measured in bench/, never checked.
 #   profile_trace.sh TRAIN_MINILLM PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -49,23 +51,30 @@ comm_tids = {e["tid"] for e in fsdp if e["name"].startswith("fsdp::comm::")}
 main_tids = {e["tid"] for e in fsdp if base(e["name"]) == "fsdp::pre_forward"}
 if comm_tids & main_tids or not comm_tids:
     fail.append(f"collectives should run on their own thread: comm {comm_tids}, main {main_tids}")
-# While a reduce-scatter runs on the communication thread, the training thread goes on (it is
-# not inside a fsdp::*_wait): the collective is hidden behind its work. (On this 2-core machine
-# each rank has one core, so the two threads share it; hidden is not free.)
+# Nesting: each wait of the training thread runs inside the phase that waits (a gather's wait
+# in a pre-forward or pre-backward, a reduction's in a post-backward or the end of backward).
+phases = [(e["ts"], e["ts"] + e["dur"], base(e["name"])) for e in fsdp if e["tid"] in main_tids
+          and base(e["name"]) in ("fsdp::pre_forward", "fsdp::pre_backward", "fsdp::post_backward",
+                                  "fsdp::end_of_backward", "fsdp::recompute")]
+waits = [e for e in fsdp if e["tid"] in main_tids and base(e["name"]).endswith("_wait")]
+for w in waits:
+    a, b = w["ts"], w["ts"] + w["dur"]
+    if not any(pa <= a and b <= pb for pa, pb, _ in phases):
+        fail.append(f"{w['name']} at {a} us lies outside every FSDP phase range")
+        break
+if not waits:
+    fail.append("no wait ranges on the training thread")
+# Reported, not checked: how much of the reduce-scatters' time the training thread was not
+# waiting for them (a time, which depends on the machine's load).
 rs_spans = [(e["ts"], e["ts"] + e["dur"]) for e in fsdp if e["name"] == "fsdp::comm::reduce_scatter"]
-waits = [(e["ts"], e["ts"] + e["dur"]) for e in fsdp
-         if e["tid"] in main_tids and base(e["name"]).endswith("_wait")]
 rs_total = sum(b - a for a, b in rs_spans)
-waited = sum(max(0, min(b, d) - max(a, c)) for a, b in rs_spans for c, d in waits)
+waited = sum(max(0, min(b, w["ts"] + w["dur"]) - max(a, w["ts"])) for a, b in rs_spans for w in waits)
 hidden = 1 - waited / rs_total if rs_total else 0
-print(f"trace: {len(events)} events, {len(fsdp)} fsdp ranges; reduce-scatter {rs_total / 1e3:.2f} ms "
-      f"on the comm thread, {100 * hidden:.0f}% of it while the training thread was not waiting")
-if hidden < 0.05:
-    fail.append(f"reduce-scatters all exposed: {100 * hidden:.0f}% hidden")
-m = re.search(r"exposed \(training thread waiting\) ([\d.]+) ms \(the trainer's own count: ([\d.]+) ms\)", log)
-from_trace, trainer = float(m.group(1)), float(m.group(2))
-if abs(from_trace - trainer) > max(0.1 * trainer, 2.0):
-    fail.append(f"exposed communication: trace {from_trace} ms, trainer {trainer} ms")
+print(f"trace: {len(events)} events, {len(fsdp)} fsdp ranges, {len(waits)} waits nested in phases; "
+      f"reduce-scatter {rs_total / 1e3:.2f} ms on the comm thread, {100 * hidden:.0f}% of it while "
+      f"the training thread was not waiting (reported)")
+m = re.search(r"exposed \(training thread waiting\) ([\d.]+) ms", log)
+from_trace = float(m.group(1))
 # The trainer's per-unit table adds up to the exposed total (both read from the same ranges).
 table = re.findall(r"^(\S+)\s+([\d.]+)\s+([\d.]+)$", log.split("waits per unit")[1], re.M)
 units = {u for u, _, _ in table}

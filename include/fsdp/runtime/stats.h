@@ -1,0 +1,34 @@
+// What fully_shard's units hold and how long they waited, per rank (FSDPModule::memory_stats,
+// comm_stats).
+#pragma once
+
+#include <cstdint>
+
+namespace fsdp {
+
+struct MemoryStats {
+  // The unit and every unit inside it:
+  int64_t sharded_param_bytes = 0;  // this rank's parameter shards (original dtype)
+  int64_t sharded_grad_bytes = 0;   // this rank's gradient shards now held
+  // Full gradients kept unsharded while gradient sync is off (set_requires_gradient_sync).
+  int64_t unsharded_grad_bytes = 0;
+
+  // The whole tree the unit belongs to (its root and every unit inside it), whose units share
+  // their buffers:
+  struct Tree {
+    int64_t full_param_bytes = 0;  // full (gathered) parameters alive now
+    int64_t peak_full_param_bytes = 0;
+    int64_t comm_buffer_bytes = 0;  // all-gather and reduce-scatter buffers alive now
+    int64_t peak_comm_buffer_bytes = 0;
+    // Freed CPU buffers kept for reuse by the next step (gathers, reductions, full parameters).
+    int64_t cached_buffer_bytes = 0;
+  } tree;
+};
+
+struct CommStats {
+  // Seconds the training thread of the unit's tree waited for collectives since the units were
+  // created: the communication that compute did not hide (exposed communication).
+  double exposed_seconds = 0;
+};
+
+}  // namespace fsdp
