@@ -123,7 +123,7 @@ void print(const std::vector<Row>& rows, const std::string& backend, int world) 
   }
 }
 
-// Appends the rows to `path` in the planner's format (fsdp/planner.h, CommModel::measured).
+// Appends the rows to `path` in the planner's format (fsdp/tools/planner.h, CommModel::measured).
 bool append_table(const std::string& path, const std::vector<Row>& rows, int world) {
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (f == nullptr) return false;

@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "fsdp/fused_adamw.h"
-#include "model.h"
+#include "fsdp/optim/fused_adamw.h"
+#include "fsdp/models/minillm.h"
 
 namespace {
 
@@ -31,7 +31,7 @@ double time_steps(torch::optim::Optimizer& opt, int steps) {
 
 int main(int argc, char** argv) {
   CLI::App app{"AdamW step time: torch::optim::AdamW vs fsdp::FusedAdamW"};
-  minillm::Config config;
+  fsdp::models::minillm::Config config;
   int rounds = 5, steps = 10, threads = 1;
   app.add_option("--vocab", config.vocab)->capture_default_str();
   app.add_option("--dim", config.dim)->capture_default_str();
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   torch::set_num_threads(threads);
 
   torch::manual_seed(0);
-  minillm::MiniLLM a(config), b(config);
+  fsdp::models::minillm::MiniLLM a(config), b(config);
   int64_t n = 0;
   for (auto* m : {&a, &b}) {
     for (auto& p : (*m)->parameters()) p.mutable_grad() = torch::randn_like(p);

@@ -9,7 +9,7 @@
 #include <chrono>
 
 #include "fsdp/fsdp.h"
-#include "model.h"
+#include "fsdp/models/minillm.h"
 
 namespace {
 
@@ -19,11 +19,11 @@ double median(std::vector<double> v) {
 }
 
 // Median step time of `steps` steps after one warm-up step.
-double time_steps(bool sharded, const minillm::Config& cfg, int64_t batch, int64_t seq, int steps,
+double time_steps(bool sharded, const fsdp::models::minillm::Config& cfg, int64_t batch, int64_t seq, int steps,
                   const std::string& dtype) {
   torch::manual_seed(0);
-  minillm::MiniLLM model(cfg);
-  fsdp::Unit<minillm::MiniLLM> root(model);
+  fsdp::models::minillm::MiniLLM model(cfg);
+  fsdp::Unit<fsdp::models::minillm::MiniLLM> root(model);
   if (sharded) {
     auto pg = fsdp::make_local_groups(1).front();
     fsdp::FullyShardOptions opts;
@@ -58,7 +58,7 @@ double time_steps(bool sharded, const minillm::Config& cfg, int64_t batch, int64
 
 int main(int argc, char** argv) {
   CLI::App app{"fully_shard overhead at world size 1 against the same model without FSDP"};
-  minillm::Config cfg;  // cpu-small: vocab 32000, dim 256, 4 layers, 8 heads
+  fsdp::models::minillm::Config cfg;  // cpu-small: vocab 32000, dim 256, 4 layers, 8 heads
   int64_t batch = 4, seq = 128;
   int rounds = 5, steps = 6, threads = 1;
   std::string dtype = "fp32";

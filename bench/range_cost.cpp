@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "profile/range.h"
+#include "tools/range.h"
 
 namespace {
 

@@ -21,7 +21,7 @@ def section(res):
              "every rank has a core (world <= 2 here). The issue asked for 25%: world 2 "
              "measured -11% to -35% over 13 runs (the cold bandwidth table alone moves by about "
              "20% between runs), so the check allows 50% rather than fail at random; calls and "
-             "bytes are checked exactly elsewhere (tests/plan/test_planner.cpp).", ""] + table + [""]
+             "bytes are checked exactly elsewhere (tests/tools/test_planner.cpp).", ""] + table + [""]
     lines += ["With 4 processes on 2 cores, each with a compute thread and one to three comm "
               "threads polling, a collective's time is decided by the scheduler: the 4-rank "
               "error swung from -26% to +80% between runs of the same build, and 2 x 2 runs "

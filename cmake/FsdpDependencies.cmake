@@ -20,9 +20,18 @@ if(FSDP_DEPS_DIR)
     add_library(GTest::gtest ALIAS gtest)
     add_library(GTest::gtest_main ALIAS gtest_main)
   endif()
-  set(FSDP_INSTALL OFF)  # a build for one machine's checks, not a package
+  # A build for one machine's checks, not a package: the bundled copies are not installed.
+  set(FSDP_INSTALL OFF)
+  message(STATUS "fsdp: dependencies from FSDP_DEPS_DIR=${FSDP_DEPS_DIR}; no install rules")
 else()
   find_package(nlohmann_json REQUIRED)
+  # Command-line parsing for the examples, benchmarks and fuzz targets.
+  if(FSDP_BUILD_EXAMPLES OR FSDP_BUILD_BENCH OR FSDP_BUILD_TESTS)
+    find_package(CLI11 CONFIG REQUIRED)
+  endif()
+  if(FSDP_BUILD_TESTS)
+    find_package(GTest REQUIRED)
+  endif()
   set(FSDP_INSTALL ON)
 endif()
 set(FSDP_BACKEND_SUMMARY "")
@@ -83,7 +92,7 @@ if(NOT FSDP_WITH_NCCL STREQUAL "OFF")
 endif()
 fsdp_resolve_backend(NCCL _nccl_found)
 
-# NVTX ranges for Nsight Systems / Nsight Compute (src/profile/range.h): NVTX 3 is header-only
+# NVTX ranges for Nsight Systems / Nsight Compute (src/tools/range.h): NVTX 3 is header-only
 # (it loads a tool library only when one is attached), so the toolkit's headers are enough.
 # With the GPU backend only: a CPU build has no GPU timeline to annotate.
 set(FSDP_HAVE_NVTX FALSE)

@@ -3,7 +3,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set_target_properties(fsdp PROPERTIES EXPORT_NAME fsdp)
-install(TARGETS fsdp EXPORT fsdpTargets
+install(TARGETS fsdp fsdp_models EXPORT fsdpTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

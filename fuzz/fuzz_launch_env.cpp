@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fsdp/errors.h"
-#include "fsdp/launch.h"
+#include "fsdp/launch/launch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::map<std::string, std::string> env;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fsdp/errors.h"
-#include "fsdp/safetensors.h"
+#include "fsdp/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/dev/shm/fsdp_fuzz_" + std::to_string(getpid()) + ".safetensors";

@@ -12,7 +12,7 @@ namespace minillm {
 namespace {
 
 struct Preset {
-  Config model;
+  fsdp::models::minillm::Config model;
   int64_t seq;
   int64_t batch_per_rank;
   int steps;

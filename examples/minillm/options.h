@@ -5,13 +5,13 @@
 #include <optional>
 #include <string>
 
-#include "model.h"
+#include "fsdp/models/minillm.h"
 
 namespace minillm {
 
 struct Options {
   std::string preset = "cpu-small";
-  Config model;
+  fsdp::models::minillm::Config model;
   int64_t seq = 128;
   int64_t batch = 8;  // global: sequences per step over all ranks
   int steps = 20;
@@ -42,7 +42,7 @@ struct Options {
   double comm_timeout_s = 60;  // a collective (or the rendezvous) waiting longer fails the run
   int replicas = 1;  // hybrid sharding: model replicas, each sharded over world / replicas ranks
   bool track_host_memory = false;  // count CPU tensor bytes (host_tensor_peak_bytes per step)
-  // --plan: print what a run with these flags needs (fsdp/planner.h) instead of training.
+  // --plan: print what a run with these flags needs (fsdp/tools/planner.h) instead of training.
   bool plan = false;
   int plan_world = 0;                    // the world to plan for (0: the launched one)
   int plan_ranks_per_host = 0;           // consecutive ranks per machine (0: one machine)

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "plan_model.h"
+#include "fsdp/models/minillm_plan.h"
 
 namespace minillm {
 namespace {
@@ -29,14 +29,14 @@ fsdp::plan::CommModel comm_model(const Options& o) {
 
 fsdp::plan::PlanRequest plan_request(const Options& o) {
   const int world = o.plan_world;
-  PlanShape shape;
+  fsdp::models::minillm::PlanShape shape;
   shape.model = o.model;
   shape.seq = o.seq;
   shape.batch_per_rank = o.batch / world / o.grad_accum;  // one micro-batch
   shape.compute_bytes = o.dtype == "bf16" ? 2 : 4;
   shape.activation_checkpointing = o.activation_checkpointing;
   fsdp::plan::PlanRequest r;
-  r.units = plan_units(shape);
+  r.units = fsdp::models::minillm::plan_units(shape);
   for (size_t i = 1; i < r.units.size(); ++i) {
     r.units[i].reshard_after_forward = o.reshard_after_forward;
   }

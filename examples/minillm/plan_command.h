@@ -1,7 +1,7 @@
-// train_minillm --plan: the planner (fsdp/planner.h) for the run the flags describe.
+// train_minillm --plan: the planner (fsdp/tools/planner.h) for the run the flags describe.
 #pragma once
 
-#include "fsdp/planner.h"
+#include "fsdp/tools/planner.h"
 #include "options.h"
 
 namespace minillm {

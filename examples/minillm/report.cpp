@@ -94,7 +94,7 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
       "{:.3f}) | peak {} {:.0f} MiB/rank | full params peak {:.1f} MiB\n",
       step, loss_value, o_.clip_grad_norm > 0 ? fmt::format(" | grad norm {:.3f}", grad_norm) : "",
       tokens_per_s, step_s, step_s - exposed, exposed, cuda_ ? "allocated" : "rss", mib(peak_mem_),
-      mib(m.peak_full_param_bytes));
+      mib(m.tree.peak_full_param_bytes));
   std::fflush(stdout);
   if (metrics_.is_open()) {
     nlohmann::json j = {{"step", step},
@@ -104,10 +104,10 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
                         {"compute_s", step_s - exposed},
                         {"exposed_comm_s", exposed},
                         {"peak_mem_bytes", peak_mem_},
-                        {"peak_full_param_bytes", m.peak_full_param_bytes},
+                        {"peak_full_param_bytes", m.tree.peak_full_param_bytes},
                         {"sharded_param_bytes", m.sharded_param_bytes},
                         {"sharded_grad_bytes", m.sharded_grad_bytes},
-                        {"peak_comm_buffer_bytes", m.peak_comm_buffer_bytes},
+                        {"peak_comm_buffer_bytes", m.tree.peak_comm_buffer_bytes},
                         {"world", pg.size()}};
     if (o_.clip_grad_norm > 0) j["grad_norm"] = grad_norm;
     // This rank's (rank 0's: the most rows) CPU tensor peak of the step, all tensors counted.
@@ -131,7 +131,7 @@ void Reporter::summary() {
       "MiB/rank\n",
       first_loss_, last_loss_, tps, median(times), mib(peak_mem_));
   if (cuda_) {
-    double mfu = tps / dist_.group->size() * train_flops_per_token(o_.model, o_.seq) / 989e12;
+    double mfu = tps / dist_.group->size() * fsdp::models::minillm::train_flops_per_token(o_.model, o_.seq) / 989e12;
     fmt::print("MFU {:.1f}% of 989 TFLOP/s dense bf16 per GPU\n", 100 * mfu);
   }
 }

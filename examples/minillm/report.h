@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "fsdp/fsdp.h"
-#include "model.h"
+#include "fsdp/models/minillm.h"
 #include "options.h"
 
 namespace minillm {

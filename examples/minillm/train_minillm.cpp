@@ -12,7 +12,7 @@
 
 #include "data.h"
 #include "fsdp/fsdp.h"
-#include "model.h"
+#include "fsdp/models/minillm.h"
 #include "options.h"
 #include "plan_command.h"
 #include "report.h"
@@ -54,19 +54,19 @@ fsdp::FullyShardOptions root_options(const Options& o) {
 // rank never holds more than its shards, one full block and the root's own parameters
 // (embedding, head); the random numbers are drawn in the same order as for the whole model, so
 // the values are the same. --init-from then replaces them, each rank reading its own rows.
-fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist,
+fsdp::Unit<fsdp::models::minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist,
                                                  const fsdp::DeviceMesh& mesh) {
   auto block_options = root_options(o);
   block_options.reshard_after_forward = o.reshard_after_forward;
   block_options.activation_checkpointing = o.activation_checkpointing;
-  auto shard_block = [&](int64_t, fsdp::Unit<minillm::TransformerBlock>& block) {
+  auto shard_block = [&](int64_t, fsdp::Unit<fsdp::models::minillm::TransformerBlock>& block) {
     block->to(dist.device);
     fsdp::fully_shard(block, mesh, block_options);
   };
-  minillm::MiniLLMImpl::BlockBuilt on_built;
+  fsdp::models::minillm::MiniLLMImpl::BlockBuilt on_built;
   if (!o.init_full_model) on_built = shard_block;
   torch::manual_seed(o.seed);
-  minillm::MiniLLM model(o.model, on_built);
+  fsdp::models::minillm::MiniLLM model(o.model, on_built);
   if (o.init_full_model) {
     model->to(dist.device);
     for (size_t i = 0; i < model->layers.size(); ++i) shard_block(i, model->layers[i]);
@@ -78,7 +78,7 @@ fsdp::Unit<minillm::MiniLLM> build_sharded_model(const Options& o, const fsdp::D
 }
 
 // --resume: the step to start from (0 without a checkpoint), with model and optimizer loaded.
-int resume(const Options& o, minillm::MiniLLMImpl& model, torch::optim::Optimizer& opt,
+int resume(const Options& o, fsdp::models::minillm::MiniLLMImpl& model, torch::optim::Optimizer& opt,
            const fsdp::Distributed& dist) {
   if (!o.resume) return 0;
   auto latest = fsdp::latest_checkpoint(o.save_dir);
@@ -149,7 +149,7 @@ bool finite_step(const torch::Tensor& loss, double grad_norm, const fsdp::Distri
 }
 
 // A checkpoint after `steps_done` steps.
-void save(const Options& o, int steps_done, const minillm::MiniLLMImpl& model,
+void save(const Options& o, int steps_done, const fsdp::models::minillm::MiniLLMImpl& model,
           const torch::optim::Optimizer& opt, const fsdp::Distributed& dist) {
   const auto t0 = std::chrono::steady_clock::now();
   fsdp::SaveOptions options;
@@ -182,7 +182,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   auto opt = make_optimizer(o, root.parameters());
   auto data = open_data(o);
   minillm::Reporter report(o, dist);
-  report.header(minillm::parameter_count(o.model), root.memory_stats().sharded_param_bytes,
+  report.header(fsdp::models::minillm::parameter_count(o.model), root.memory_stats().sharded_param_bytes,
                 startup_peak, data->describe());
 
   const int start = resume(o, *root.module(), *opt, dist);

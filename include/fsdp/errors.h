@@ -5,8 +5,6 @@
 // become CommError naming the backend, operation, rank and world size and the engine's own text.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <stdexcept>
 #include <string>
 
@@ -47,13 +45,8 @@ class UnsupportedError : public Error {
 // A communication engine failed. Carries where it happened so a multi-rank log is readable.
 class CommError : public Error {
  public:
-  CommError(std::string backend, std::string op, int rank, int world_size, std::string cause)
-      : Error(fmt::format("[{} rank {}/{}] {} failed: {}", backend, rank, world_size, op, cause)),
-        backend_(std::move(backend)),
-        op_(std::move(op)),
-        rank_(rank),
-        world_size_(world_size),
-        cause_(std::move(cause)) {}
+  // what(): "[<backend> rank <rank>/<world_size>] <op> failed: <cause>".
+  CommError(std::string backend, std::string op, int rank, int world_size, std::string cause);
 
   const std::string& backend() const { return backend_; }
   const std::string& op() const { return op_; }
@@ -76,9 +69,3 @@ class TimeoutError : public CommError {
 };
 
 }  // namespace fsdp
-
-// Throws fsdp::InvalidArgument with a formatted message when `cond` is false.
-#define FSDP_CHECK_ARG(cond, ...)                                         \
-  do {                                                                    \
-    if (!(cond)) throw ::fsdp::InvalidArgument(fmt::format(__VA_ARGS__)); \
-  } while (0)

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cstring>
 
-#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint/checkpoint.h"
 
 namespace fsdp::detail {
 
 std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine) {
   const int world = pg.size();
-  auto on = at::TensorOptions().device(pg.device_type());
+  auto on = at::TensorOptions().device(pg.device());
   auto length = at::full({1}, static_cast<int64_t>(mine.size()), on.dtype(at::kLong));
   auto lengths = at::empty({world}, on.dtype(at::kLong));
   pg.all_gather(lengths, length)->wait();

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::detail {
 

@@ -1,7 +1,7 @@
-// save_checkpoint, latest_checkpoint, load_checkpoint (fsdp/checkpoint.h). Every phase that can
+// save_checkpoint, latest_checkpoint, load_checkpoint (fsdp/checkpoint/checkpoint.h). Every phase that can
 // fail on one rank ends with agree_or_throw, so all ranks fail together and none waits forever
 // in a collective the failed rank never reaches.
-#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -19,6 +19,7 @@
 #include <unordered_set>
 
 #include "checkpoint/agreement.h"
+#include "util/check.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/posix_files.h"

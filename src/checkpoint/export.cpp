@@ -1,4 +1,4 @@
-#include "fsdp/whole_model.h"
+#include "fsdp/checkpoint/export.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,35 +8,21 @@
 #include <unordered_set>
 
 #include "checkpoint/agreement.h"
-#include "fsdp/checkpoint.h"
-#include "fsdp/safetensors.h"
-#include "fsdp/sharding.h"
+#include "util/check.h"
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/io/safetensors.h"
+#include "fsdp/runtime/layout.h"
+#include "runtime/collectives.h"
 #include "runtime/local_shards.h"
 
 namespace fsdp {
 namespace {
 
-// The full tensor of a sharded parameter, on every rank (one all-gather of padded rows over the
-// group it is sharded on: `world`, or with hybrid sharding this rank's replica).
-at::Tensor gather_full(ProcessGroup& world_group, const detail::LocalShard& s) {
+// The full tensor of a parameter, on every rank: gathered over the group it is sharded on
+// (with hybrid sharding, this rank's replica).
+at::Tensor gather_full(const detail::LocalShard& s) {
   if (s.replicated) return s.tensor.detach();
-  ProcessGroup& pg = s.shard_group ? *s.shard_group : world_group;
-  const int world = pg.size();
-  const int64_t d0 = s.full_shape[0];
-  const auto mine = shard_range(d0, world, pg.rank());
-  auto row_shape = s.full_shape;
-  row_shape[0] = mine.rows_per_rank;
-  auto padded = at::zeros(row_shape, s.tensor.options());
-  if (s.tensor.numel() > 0) padded.narrow(0, 0, s.tensor.size(0)).copy_(s.tensor.detach());
-  auto all_shape = row_shape;
-  all_shape[0] = mine.rows_per_rank * world;
-  auto all = at::empty(all_shape, s.tensor.options());
-  pg.all_gather(all, padded)->wait();
-  std::vector<at::Tensor> parts;
-  for (int r = 0; r < world; ++r) {
-    parts.push_back(all.narrow(0, r * mine.rows_per_rank, shard_range(d0, world, r).rows()));
-  }
-  return at::cat(parts);
+  return detail::all_gather_full(*s.shard_group, s.tensor, s.full_shape);
 }
 
 at::ScalarType export_dtype(const at::Tensor& t, const ExportOptions& o) {
@@ -73,7 +59,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   detail::agree_or_throw(g, what, error);
   // Every rank joins every gather; a write error on rank 0 is reported after the last one.
   for (const auto& s : shards) {
-    auto full = gather_full(g, s);
+    auto full = gather_full(s);
     if (!writer_rank || !error.empty()) continue;
     try {
       writer->write_next(full.to(export_dtype(s.tensor, options)));

@@ -1,4 +1,4 @@
-// Internal: a checkpoint's manifest.json (fsdp/checkpoint.h describes the layout): what was
+// Internal: a checkpoint's manifest.json (fsdp/checkpoint/checkpoint.h describes the layout): what was
 // saved, by which world size, and where every rank's rows of every tensor are.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint/checkpoint.h"
 
 namespace fsdp::detail {
 

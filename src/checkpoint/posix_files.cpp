@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint/checkpoint.h"
 
 namespace fsdp::detail {
 namespace {

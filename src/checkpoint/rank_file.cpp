@@ -10,7 +10,7 @@
 #include <cstring>
 #include <memory>
 
-#include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint/checkpoint.h"
 
 namespace fsdp::detail {
 namespace {

@@ -1,5 +1,5 @@
 // Definitions for the engines this build was configured without: they say so clearly.
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {

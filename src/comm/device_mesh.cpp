@@ -1,4 +1,4 @@
-#include "fsdp/device_mesh.h"
+#include "fsdp/comm/device_mesh.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace {
@@ -46,7 +47,7 @@ DeviceMesh make_device_mesh(const ProcessGroupPtr& world, const ProcessGroupPtr&
   const int mine_shards = shard->size();
   const int mine_replicas = replicate ? replicate->size() : 1;
   // Every rank's sizes, so that a layout differing between ranks fails on all of them alike.
-  auto opts = at::TensorOptions().dtype(at::kLong).device(world->device_type());
+  auto opts = at::TensorOptions().dtype(at::kLong).device(world->device());
   auto send = at::tensor({static_cast<int64_t>(mine_shards), static_cast<int64_t>(mine_replicas)},
                          at::kLong)
                   .to(opts.device());

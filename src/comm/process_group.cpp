@@ -1,4 +1,4 @@
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 #include <fmt/ranges.h>
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace {
@@ -48,6 +49,22 @@ bool desync_env() {
 }
 
 }  // namespace
+
+const char* backend_name(Backend backend) {
+  switch (backend) {
+    case Backend::kMpi:
+      return "mpi";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kLocal:
+      return "local";
+    case Backend::kFake:
+      return "fake";
+  }
+  return "unknown";
+}
 
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
@@ -159,11 +176,11 @@ WorkPtr ProcessGroup::barrier() {
 void ProcessGroup::check_in_sync(CollectiveKind kind, int64_t numel, at::ScalarType dtype,
                                  int64_t detail) {
   const int64_t seq = issued_++;
-  if (!desync_check_ || size_ == 1 || backend_name() == "fake") return;
+  if (!desync_check_ || size_ == 1 || backend() == Backend::kFake) return;
   constexpr int kFields = 5;
   const int64_t mine[kFields] = {seq, static_cast<int64_t>(kind), numel,
                                  static_cast<int64_t>(dtype), detail};
-  auto opts = at::TensorOptions().dtype(at::kLong).device(collective_device());
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device());
   auto in = at::from_blob(const_cast<int64_t*>(mine), {kFields}, at::kLong).clone().to(opts);
   auto all = at::empty({size_ * kFields}, opts);
   // Straight to the backend: the fingerprint exchange is neither counted nor itself checked.
@@ -223,7 +240,7 @@ std::vector<int> ProcessGroup::gather_colors(int color, const at::Device& device
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color) {
   FSDP_CHECK_ARG(color >= 0, "split: color must be >= 0, got {}", color);
-  auto colors = gather_colors(color, collective_device());
+  auto colors = gather_colors(color, device());
   std::vector<int> members;
   int index = 0;
   for (int r = 0; r < size_; ++r) {

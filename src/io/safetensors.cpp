@@ -1,4 +1,4 @@
-#include "fsdp/safetensors.h"
+#include "fsdp/io/safetensors.h"
 
 #include <fmt/ranges.h>
 #include <torch/torch.h>
@@ -9,6 +9,7 @@
 #include <set>
 
 #include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace {

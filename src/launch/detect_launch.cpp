@@ -3,7 +3,7 @@
 #include <string>
 
 #include "fsdp/errors.h"
-#include "fsdp/launch.h"
+#include "fsdp/launch/launch.h"
 
 namespace fsdp {
 namespace {

@@ -3,10 +3,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
-#include "fsdp/launch.h"
-#include "fsdp/local_group.h"
+#include "fsdp/launch/launch.h"
+#include "fsdp/comm/local_group.h"
 
 namespace fsdp {
 namespace {

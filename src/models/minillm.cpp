@@ -1,6 +1,6 @@
-#include "model.h"
+#include "fsdp/models/minillm.h"
 
-namespace minillm {
+namespace fsdp::models::minillm {
 
 RMSNormImpl::RMSNormImpl(int64_t dim) { weight = register_parameter("weight", torch::ones({dim})); }
 
@@ -98,4 +98,4 @@ int64_t parameter_count(const Config& c) {
   return c.vocab * c.dim + c.layers * block + head;
 }
 
-}  // namespace minillm
+}  // namespace fsdp::models::minillm

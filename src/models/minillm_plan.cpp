@@ -1,11 +1,11 @@
-#include "plan_model.h"
+#include "fsdp/models/minillm_plan.h"
 
-namespace minillm {
+namespace fsdp::models::minillm {
 
 int64_t block_activation_bytes(const Config& c, int64_t tokens, int64_t seq, int compute_bytes) {
   const int64_t nd = tokens * c.dim;
   const int64_t batch = tokens / seq;
-  // Measured with the counting CPU allocator (tests/plan/test_planner.cpp holds the count to 1%
+  // Measured with the counting CPU allocator (tests/tools/test_planner.cpp holds the count to 1%
   // at several shapes), for N tokens of width d:
   //   x + attn(norm1(x)):  7 Nd in fp32: the normalised input and its 1/rms (N, fp32), the
   //                        packed q, k, v (3 Nd), the attention's output and the heads merged
@@ -55,4 +55,4 @@ std::vector<fsdp::plan::UnitSpec> plan_units(const PlanShape& s) {
   return units;
 }
 
-}  // namespace minillm
+}  // namespace fsdp::models::minillm

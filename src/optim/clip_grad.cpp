@@ -1,94 +1,145 @@
-#include "fsdp/clip_grad.h"
+#include "fsdp/optim/clip_grad.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
 
-#include "comm/detail/reduce_util.h"
 #include "fsdp/errors.h"
+#include "util/check.h"
 #include "runtime/local_shards.h"
 
 namespace fsdp {
 
 namespace {
 
-// The global norm of the defined gradients of `params`; `grads` receives them.
-double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
-                   double norm_type, std::vector<at::Tensor>& grads, const char* what) {
-  FSDP_CHECK_ARG(pg != nullptr, "{}: the process group is null", what);
-  FSDP_CHECK_ARG(norm_type > 0, "{}: norm_type must be positive (or infinity), got {}", what,
-                 norm_type);
+// This rank's part of a p-norm: sum of |g|^p (or max |g|) over `grads`, each gradient's norm
+// in float32 for 16-bit gradients (their own dtype would round each partial sum), combined in
+// double so that mixed dtypes lose nothing. On the gradients' device, without a host sync.
+at::Tensor local_part(const std::vector<at::Tensor>& grads, double norm_type, at::Device device) {
   const bool inf = std::isinf(norm_type);
-  c10::NoGradGuard no_grad;
-  // Replicas hold the same gradient shards: summing over the world would count each one once
-  // per replica (the norm off by sqrt(replicas)). Each shard must be counted once, over the
-  // group that shards it.
-  for (const auto& p : params) {
-    auto [shard, replicate] = detail::sharding_groups_of(p);
-    FSDP_CHECK_ARG(!replicate || shard->size() == pg->size(),
-                   "{}: the parameters are sharded over {} ranks and replicated {} times "
-                   "(hybrid sharding), but the group given has {} ranks; pass the DeviceMesh "
-                   "(or mesh.shard), which counts each gradient shard once",
-                   what, shard->size(), replicate->size(), pg->size());
-  }
-
-  // This rank's part, on the gradients' device without a host sync: sum of |g|^p (or max |g|)
-  // over its gradients, each gradient's norm in its own dtype (float for 16-bit ones), the
-  // combination in double so that mixed dtypes lose nothing.
-  const auto device = params.empty() ? at::Device(pg->device_type()) : params.front().device();
-  auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
   std::vector<at::Tensor> norms;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    grads.push_back(p.grad());
-    if (p.grad().numel() == 0) continue;
-    auto g = detail::accumulation_buffer(p.grad());  // float32 for 16-bit gradients
+  for (const auto& grad : grads) {
+    if (grad.numel() == 0) continue;
+    auto g = grad.element_size() == 2 ? grad.to(at::kFloat) : grad;
     norms.push_back((inf ? g.abs().max() : g.norm(norm_type)).to(at::kDouble).reshape({1}));
   }
-  at::Tensor mine = at::zeros({1}, opts);
-  if (!norms.empty()) {
-    auto n = at::cat(norms);
-    mine = (inf ? n.max() : n.pow(norm_type).sum()).reshape({1});
-  }
+  if (norms.empty()) return at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  auto n = at::cat(norms);
+  return (inf ? n.max() : n.pow(norm_type).sum()).reshape({1});
+}
 
-  // One double per rank, combined in rank order: the same total, bit for bit, on every rank.
-  auto all = at::empty({pg->size()}, opts);
-  pg->all_gather(all, mine)->wait();
+// One double per rank of `pg`, combined in rank order: the same total, bit for bit, on every
+// rank. `p` is this rank's part (a sum of |g|^p, or a max for p = infinity).
+double combine(const at::Tensor& mine, ProcessGroup& pg, double norm_type) {
+  const bool inf = std::isinf(norm_type);
+  auto all = at::empty({pg.size()}, mine.options());
+  pg.all_gather(all, mine)->wait();
   auto parts = all.cpu();
   const double* v = parts.data_ptr<double>();
   double total = 0;
   // std::max would drop a NaN (it compares false); a NaN gradient must make the norm NaN.
-  for (int r = 0; r < pg->size(); ++r) {
+  for (int r = 0; r < pg.size(); ++r) {
     total = !inf ? total + v[r] : (std::isnan(v[r]) || v[r] > total ? v[r] : total);
   }
-  if (!inf) total = std::pow(total, 1.0 / norm_type);
   return total;
 }
 
-}  // namespace
-
-double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
-                       double norm_type) {
-  std::vector<at::Tensor> grads;
-  return global_norm(params, pg, norm_type, grads, "total_grad_norm");
+double finish_norm(double combined, double norm_type) {
+  return std::isinf(norm_type) ? combined : std::pow(combined, 1.0 / norm_type);
 }
 
-double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
-                       const ProcessGroupPtr& pg, double norm_type, bool error_if_nonfinite) {
-  FSDP_CHECK_ARG(std::isfinite(max_norm) && max_norm > 0,
-                 "clip_grad_norm_: max_norm must be a positive finite number, got {}", max_norm);
+void check_norm_type(double norm_type, const char* what) {
+  FSDP_CHECK_ARG(norm_type > 0, "{}: norm_type must be positive (or infinity), got {}", what,
+                 norm_type);
+}
+
+std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
-  const double total = global_norm(params, pg, norm_type, grads, "clip_grad_norm_");
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+// The global norm of the gradients of `params`, sharded over `pg`.
+double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                   double norm_type, const char* what) {
+  FSDP_CHECK_ARG(pg != nullptr, "{}: the process group is null", what);
+  check_norm_type(norm_type, what);
+  c10::NoGradGuard no_grad;
+  const auto device = params.empty() ? pg->device() : params.front().device();
+  return finish_norm(combine(local_part(defined_grads(params), norm_type, device), *pg, norm_type),
+                     norm_type);
+}
+
+// The global norm of a model's gradients (clip_grad.h): shards over their group, whole
+// parameters once (each rank adds 1/size of its own part, so equal copies count once).
+double model_norm(const FSDPModule& model, double norm_type, const char* what,
+                  std::vector<at::Tensor>& grads) {
+  check_norm_type(norm_type, what);
+  FSDP_CHECK_ARG(model.nn_module() != nullptr, "{}: the module is empty", what);
+  c10::NoGradGuard no_grad;
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> sharded, whole;
+  ProcessGroupPtr group;
+  for (const auto& s : detail::local_shards(*model.nn_module(), /*allow_gathered=*/true)) {
+    if (!s.tensor.grad().defined()) continue;
+    grads.push_back(s.tensor.grad());
+    if (s.replicated) {
+      whole.push_back(s.tensor.grad());
+      continue;
+    }
+    FSDP_CHECK_ARG(!group || group == s.shard_group || group->size() == s.shard_group->size(),
+                   "{}: the model's units are sharded over groups of different sizes ({} and "
+                   "{} ranks); clip each group's parameters with the (params, group) form",
+                   what, group->size(), s.shard_group->size());
+    if (!group) group = s.shard_group;
+    sharded.push_back(s.tensor.grad());
+  }
+  const auto device = grads.empty() ? at::Device(at::kCPU) : grads.front().device();
+  at::Tensor mine = local_part(sharded, norm_type, device);
+  if (!group) return finish_norm(mine.cpu().item<double>() +
+                                     local_part(whole, norm_type, device).cpu().item<double>(),
+                                 norm_type);
+  if (!whole.empty()) {
+    auto w = local_part(whole, norm_type, device);
+    mine = inf ? at::maximum(mine, w) : mine + w / group->size();
+  }
+  return finish_norm(combine(mine, *group, norm_type), norm_type);
+}
+
+double clip_with(const std::vector<at::Tensor>& grads, double total, double max_norm,
+                 double norm_type, bool error_if_nonfinite) {
   if (error_if_nonfinite && !std::isfinite(total)) {
     throw Error(fmt::format(
         "clip_grad_norm_: the total norm of order {} of the gradients is {}, so they cannot be "
         "clipped (left unchanged)",
         norm_type, total));
   }
+  c10::NoGradGuard no_grad;
   const double coef = std::min(1.0, max_norm / (total + 1e-6));
-  for (auto& g : grads) g.mul_(coef);
+  for (const auto& g : grads) g.mul_(coef);
   return total;
+}
+
+void check_max_norm(double max_norm) {
+  FSDP_CHECK_ARG(std::isfinite(max_norm) && max_norm > 0,
+                 "clip_grad_norm_: max_norm must be a positive finite number, got {}", max_norm);
+}
+
+}  // namespace
+
+double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
+                       double norm_type) {
+  return global_norm(params, pg, norm_type, "total_grad_norm");
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                       const ProcessGroupPtr& pg, double norm_type, bool error_if_nonfinite) {
+  check_max_norm(max_norm);
+  const double total = global_norm(params, pg, norm_type, "clip_grad_norm_");
+  return clip_with(defined_grads(params), total, max_norm, norm_type, error_if_nonfinite);
 }
 
 double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& mesh,
@@ -99,6 +150,19 @@ double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                        const DeviceMesh& mesh, double norm_type, bool error_if_nonfinite) {
   return clip_grad_norm_(params, max_norm, mesh.shard, norm_type, error_if_nonfinite);
+}
+
+double total_grad_norm(const FSDPModule& model, double norm_type) {
+  std::vector<at::Tensor> grads;
+  return model_norm(model, norm_type, "total_grad_norm", grads);
+}
+
+double clip_grad_norm_(const FSDPModule& model, double max_norm, double norm_type,
+                       bool error_if_nonfinite) {
+  check_max_norm(max_norm);
+  std::vector<at::Tensor> grads;
+  const double total = model_norm(model, norm_type, "clip_grad_norm_", grads);
+  return clip_with(grads, total, max_norm, norm_type, error_if_nonfinite);
 }
 
 }  // namespace fsdp

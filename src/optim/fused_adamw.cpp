@@ -1,4 +1,4 @@
-#include "fsdp/fused_adamw.h"
+#include "fsdp/optim/fused_adamw.h"
 
 #include <ATen/ops/_fused_adamw.h>
 #include <torch/torch.h>
@@ -7,7 +7,8 @@
 #include <tuple>
 
 #include "fsdp/errors.h"
-#include "profile/range.h"
+#include "util/check.h"
+#include "tools/range.h"
 
 namespace fsdp {
 

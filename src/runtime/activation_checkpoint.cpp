@@ -12,6 +12,7 @@
 // run as they do without checkpointing. Units called inside the recomputed forward gather their
 // parameters for the backward that follows at once and leave the forward order alone
 // (UnitState::pre_forward).
+// hooks see the tree in its backward phase.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -20,9 +21,9 @@
 #include <mutex>
 #include <utility>
 
-#include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
-#include "profile/range.h"
+#include "runtime/activation_checkpoint.h"
+#include "tools/range.h"
 #include "runtime/unit_state.h"
 
 namespace fsdp::detail {
@@ -155,10 +156,10 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 }  // namespace
 
 std::vector<at::Tensor> run_checkpointed(UnitState& state, const std::vector<at::Tensor>& inputs,
-                                         ForwardFn forward) {
+                                         const ForwardFn& forward) {
   auto r = c10::make_intrusive<Recompute>();
   r->state = state.weak_from_this();
-  r->forward = std::move(forward);
+  r->forward = forward;
   torch::autograd::variable_list args = inputs;
   auto anchor_options = at::TensorOptions().dtype(at::kFloat);
   if (!inputs.empty() && inputs.front().defined())

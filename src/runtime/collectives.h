@@ -1,37 +1,31 @@
-// Internal: how one param group's parameters are laid out in the flat buffers of its two
-// collectives, and the copies in and out of those buffers (FSDP2's _fsdp_collectives.py:
-// foreach_all_gather, foreach_all_gather_copy_out, foreach_reduce). ParamGroup decides when to
-// run them; this file only knows where each parameter's elements go.
-//
-// Layout: every rank contributes `total` elements, each parameter padded_numel() of them at
-// `offset[i]` (its shard rows, then zero padding up to ceil(d0 / world) rows); the gathered or
-// reduced buffer holds the ranks' contributions one after another, [world, total].
+// Internal: the copies in and out of the flat buffers of a unit's collectives (FSDP2's
+// _fsdp_collectives.py: foreach_all_gather, foreach_all_gather_copy_out, foreach_reduce).
+// ParamGroup decides when to run them; where each parameter's elements go is the flat layout
+// (fsdp/runtime/layout.h).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <vector>
 
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/layout.h"
+#include "runtime/accounting.h"
 #include "runtime/fsdp_param.h"
 
 namespace fsdp::detail {
 
-struct FlatLayout {
-  std::vector<int64_t> offset;  // per parameter; -1 when the parameter is not in the buffer
-  int64_t total = 0;            // elements per rank
-};
-
-// All parameters (the all-gather), or those that require a gradient (the reduce-scatter).
-FlatLayout gather_layout(const std::vector<FsdpParam>& params);
-FlatLayout reduce_layout(const std::vector<FsdpParam>& params);
-
 // Writes this rank's shards into `send` (layout.total elements), padding zeroed.
 void all_gather_copy_in(const std::vector<FsdpParam>& params, const FlatLayout& layout,
                         const at::Tensor& send);
-// Fills every parameter's full tensor from `gathered` (world * layout.total elements) and points
-// the parameter at it.
+// Fills every parameter's full tensor from `gathered` (group.size() * layout.total elements,
+// the parameters sharded over `group`'s ranks) and points the parameter at it.
 void all_gather_copy_out(std::vector<FsdpParam>& params, const FlatLayout& layout,
-                         const at::Tensor& gathered, int world);
+                         const at::Tensor& gathered, const ProcessGroup& group, Accounting& acct);
+// Writes, from the full parameters, the rows rank `rank` of `world` owns into `dst`
+// (layout.total elements of a layout over `world` ranks), padding zeroed.
+void copy_rows_for_rank(const std::vector<FsdpParam>& params, const FlatLayout& layout, int rank,
+                        int world, const at::Tensor& dst);
 
 // Moves every full gradient into `send` (world * layout.total elements, the reduce dtype), each
 // rank's rows at its place, zeros for padding and missing gradients. Returns, per parameter,
@@ -42,5 +36,10 @@ std::vector<bool> reduce_scatter_copy_in(std::vector<FsdpParam>& params, const F
 // of the parameters that had one.
 void reduce_scatter_copy_out(std::vector<FsdpParam>& params, const FlatLayout& layout,
                              const at::Tensor& reduced, const std::vector<bool>& had_grad);
+
+// The full tensor of shape `full_shape` whose rows are sharded over `pg` by shard_range, from
+// this rank's rows `shard`, on every rank: one all-gather of padded rows (collective).
+at::Tensor all_gather_full(ProcessGroup& pg, const at::Tensor& shard,
+                           const std::vector<int64_t>& full_shape);
 
 }  // namespace fsdp::detail

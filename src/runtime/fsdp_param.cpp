@@ -1,10 +1,42 @@
 #include "runtime/fsdp_param.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>
 
 namespace fsdp::detail {
+namespace {
 
-FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype)
+// A shard's bytes: the allocation it was made with, and the unit it belongs to. Its deleter is
+// the mark is_fsdp_shard reads.
+struct ShardBytes {
+  at::DataPtr allocation;
+  std::string owner;
+};
+
+void delete_shard_bytes(void* ctx) { delete static_cast<ShardBytes*>(ctx); }
+
+// Re-wraps `t`'s storage bytes in a DataPtr that marks them as a shard of `owner`.
+void mark_as_shard(const at::Tensor& t, const std::string& owner) {
+  auto* storage = t.storage().unsafeGetStorageImpl();
+  const auto device = storage->device();
+  at::DataPtr allocation = storage->set_data_ptr(at::DataPtr(nullptr, device));
+  void* data = allocation.get();
+  auto* bytes = new ShardBytes{std::move(allocation), owner};
+  storage->set_data_ptr_noswap(at::DataPtr(data, bytes, &delete_shard_bytes, device));
+}
+
+}  // namespace
+
+bool is_fsdp_shard(const at::Tensor& t, std::string* owner) {
+  if (!t.defined() || !t.has_storage()) return false;
+  const at::DataPtr& ptr = t.storage().data_ptr();
+  if (ptr.get_deleter() != &delete_shard_bytes) return false;
+  if (owner) *owner = static_cast<const ShardBytes*>(ptr.get_context())->owner;
+  return true;
+}
+
+FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype,
+                     const std::string& owner)
     : param_(std::move(param)) {
   at::NoGradGuard no_grad;
   full_shape_ = param_.sizes().vec();
@@ -13,26 +45,34 @@ FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compu
   for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
   const ShardRange& mine = ranges_[rank];
   shard_ = param_.detach().narrow(0, mine.begin, mine.rows()).clone().contiguous();
+  mark_as_shard(shard_, owner);
   full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());
   // The full tensor starts without bytes; gathers allocate them.
   auto* storage = full_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
+  // A gradient already there is a full one: sharded like the parameter, it stays the user's.
+  at::Tensor grad = param_.grad();
   param_.set_data(shard_);
+  if (grad.defined()) {
+    param_.mutable_grad() = grad.narrow(0, mine.begin, mine.rows()).clone().contiguous();
+  }
 }
 
-void FsdpParam::allocate_full() {
+void FsdpParam::allocate_full(Accounting& acct) {
   if (full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr(
-      acct_->pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
+  // The bytes come from the tensor's own device, whatever the current device is (a rank
+  // whose GPU is not the current one).
+  c10::DeviceGuard device(full_.device());
+  storage->set_data_ptr(acct.pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
   storage->set_nbytes(full_nbytes_);
   full_allocated_ = true;
-  acct_->add_full(full_nbytes_);
+  acct.add_full(full_nbytes_);
 }
 
-void FsdpParam::release_full() {
+void FsdpParam::release_full(Accounting& acct) {
   if (!full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
   // Dropping the DataPtr frees the bytes (to the pool); views autograd saved keep the (now
@@ -40,7 +80,7 @@ void FsdpParam::release_full() {
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
   full_allocated_ = false;
-  acct_->add_full(-full_nbytes_);
+  acct.add_full(-full_nbytes_);
 }
 
 void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
@@ -50,59 +90,72 @@ void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
   if (n < dst.numel()) dst.narrow(0, n, dst.numel() - n).zero_();
 }
 
-void FsdpParam::copy_full_from(const at::Tensor& gathered) {
-  allocate_full();
+void FsdpParam::copy_full_from(const at::Tensor& gathered, int world, Accounting& acct) {
+  allocate_full(acct);
   at::NoGradGuard no_grad;
   auto full_rows = full_.view({full_shape_[0], row_numel_});
-  for (size_t r = 0; r < ranges_.size(); ++r) {
-    int64_t rows = ranges_[r].rows();
-    if (rows == 0) continue;
-    full_rows.narrow(0, ranges_[r].begin, rows)
-        .copy_(gathered[r].narrow(0, 0, rows * row_numel_).view({rows, row_numel_}));
+  for (int r = 0; r < world; ++r) {
+    const ShardRange rows = world == this->world() ? ranges_[r] : shard_range(full_shape_[0], world, r);
+    if (rows.rows() == 0) continue;
+    full_rows.narrow(0, rows.begin, rows.rows())
+        .copy_(gathered[r].narrow(0, 0, rows.rows() * row_numel_).view({rows.rows(), row_numel_}));
   }
 }
 
 void FsdpParam::use_full() {
   if (holds_full_) return;
-  grad_stash_ = param_.grad();
-  param_.mutable_grad() = at::Tensor();
   param_.set_data(full_);
   holds_full_ = true;
 }
 
-void FsdpParam::use_shard() {
+void FsdpParam::use_shard(Accounting& acct) {
   if (holds_full_) {
     param_.set_data(shard_);
-    param_.mutable_grad() = grad_stash_;
-    grad_stash_ = at::Tensor();
     holds_full_ = false;
   }
-  release_full();
+  release_full(acct);
 }
 
-void FsdpParam::stash_full_grad(at::ScalarType dtype) {
-  at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
+void FsdpParam::capture_full_grad(const at::Tensor& grad) {
   if (!grad.defined()) return;
   at::NoGradGuard no_grad;
-  param_.mutable_grad() = at::Tensor();
-  if (unsharded_grad_.defined()) {
-    unsharded_grad_.add_(grad);
+  if (!full_grad_.defined()) {
+    // Autograd's tensor as it is (no copy); autograd may share it, so it is never changed in
+    // place: a second gradient makes a tensor of our own.
+    full_grad_ = grad;
+    owns_full_grad_ = false;
+  } else if (!owns_full_grad_) {
+    full_grad_ = full_grad_.add(grad);
+    owns_full_grad_ = true;
   } else {
-    // Same dtype: keep autograd's tensor as it is (no copy); else a converted copy.
-    unsharded_grad_ = grad.to(dtype);
+    full_grad_.add_(grad);
   }
+}
+
+void FsdpParam::keep_full_grad(at::ScalarType dtype) {
+  if (!full_grad_.defined()) return;
+  at::NoGradGuard no_grad;
+  if (kept_grad_.defined()) {
+    kept_grad_.add_(full_grad_);
+  } else {
+    // A tensor of our own in the reduce dtype (a copy unless autograd's was one already).
+    kept_grad_ = owns_full_grad_ ? full_grad_.to(dtype) : full_grad_.to(dtype, false, true);
+  }
+  full_grad_ = at::Tensor();
 }
 
 bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
-  at::Tensor grad = holds_full_ ? param_.grad() : at::Tensor();
   at::NoGradGuard no_grad;
-  if (grad.defined()) param_.mutable_grad() = at::Tensor();
-  if (unsharded_grad_.defined()) {
+  at::Tensor grad;
+  if (kept_grad_.defined()) {
     // Sync is back on: this backward's gradient joins the ones kept since the last reduction.
-    if (grad.defined()) unsharded_grad_.add_(grad);
-    grad = std::move(unsharded_grad_);
-    unsharded_grad_ = at::Tensor();
+    grad = std::move(kept_grad_);
+    kept_grad_ = at::Tensor();
+    if (full_grad_.defined()) grad.add_(full_grad_);
+  } else {
+    grad = full_grad_;
   }
+  full_grad_ = at::Tensor();
   if (!grad.defined()) {
     dst.zero_();  // contributes nothing to the reduction
     return false;
@@ -125,7 +178,7 @@ bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
 void FsdpParam::accumulate_shard_grad(const at::Tensor& reduced) {
   at::NoGradGuard no_grad;
   auto g = reduced.narrow(0, 0, shard_.numel()).view(shard_.sizes());
-  at::Tensor& slot = holds_full_ ? grad_stash_ : param_.mutable_grad();
+  at::Tensor& slot = param_.mutable_grad();
   if (slot.defined()) {
     slot.add_(g);
   } else {
@@ -136,7 +189,7 @@ void FsdpParam::accumulate_shard_grad(const at::Tensor& reduced) {
 }
 
 int64_t FsdpParam::sharded_grad_bytes() const {
-  const at::Tensor& g = holds_full_ ? grad_stash_ : param_.grad();
+  const at::Tensor& g = param_.grad();
   return g.defined() ? static_cast<int64_t>(g.nbytes()) : 0;
 }
 

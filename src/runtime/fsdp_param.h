@@ -8,9 +8,12 @@
 // backward, so the saved views read the refilled values (FSDP2 does the same with
 // untyped_storage().resize_(0)). See docs/libtorch.md.
 //
-// Invariant on grad(): while the parameter holds its shard, grad() is the sharded gradient
-// (or undefined); while it holds the full tensor, grad() is autograd's full-shaped slot and the
-// sharded gradient waits in a stash.
+// Gradients: grad() is always the sharded gradient (or undefined), whether the parameter holds
+// its shard or the full tensor, so that whatever a user does to grad() (zero_grad, set to none,
+// an edit in place) means what it means without FSDP. Autograd's full gradient never reaches
+// grad(): a pre-hook on the parameter's gradient accumulator takes it (capture_full_grad) and
+// hands the accumulator nothing, so it accumulates nothing (FSDP2 keeps the two apart by
+// registering a different Parameter object while unsharded; here the Tensor stays the same).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/sharding.h"
+#include "fsdp/runtime/layout.h"
 #include "runtime/accounting.h"
 
 namespace torch::autograd {
@@ -28,48 +31,65 @@ struct Node;
 
 namespace fsdp::detail {
 
+// Whether `t` holds a shard some FsdpParam made (its storage's bytes are marked as FSDP's), and
+// then the unit that made it (`owner`). A property of the tensor itself: no map of every
+// sharded parameter exists, yet a module sharded again inside a sharded one is caught.
+bool is_fsdp_shard(const at::Tensor& t, std::string* owner = nullptr);
+
 class FsdpParam {
  public:
   // Shards `param` in place (set_data to this rank's rows). `compute_dtype` is the dtype of
-  // the full tensor used in forward/backward.
-  FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype);
-
-  // The counters and pool the full tensor's bytes are accounted in (the tree's).
-  void attach(Accounting* acct) { acct_ = acct; }
+  // the full tensor used in forward/backward; `owner` names the unit, for messages.
+  FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype,
+            const std::string& owner);
 
   const at::Tensor& param() const { return param_; }
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
+  ParamShape shape() const { return {full_shape_[0], row_numel_}; }
   const ShardRange& range(int rank) const { return ranges_.at(rank); }
+  int world() const { return static_cast<int>(ranges_.size()); }
   bool holds_full() const { return holds_full_; }
   bool requires_grad() const { return param_.requires_grad(); }
   at::ScalarType orig_dtype() const { return shard_.scalar_type(); }
   // Elements every rank contributes to a collective: ceil(d0 / world) rows, padded.
-  int64_t padded_numel() const { return ranges_.front().rows_per_rank * row_numel_; }
+  int64_t padded_numel() const { return shape().padded_numel(world()); }
   int64_t shard_bytes() const { return static_cast<int64_t>(shard_.nbytes()); }
+  // This rank's shard (the same memory as param() holds while sharded).
+  const at::Tensor& shard() const { return shard_; }
 
   // Writes this rank's shard, cast to dst's dtype, into dst (padded_numel() elements; the
   // padding is zeroed).
   void copy_shard_to(const at::Tensor& dst) const;
-  // Fills the full tensor from a gathered [world, padded_numel()] view (one row per rank),
-  // allocating its bytes first.
-  void copy_full_from(const at::Tensor& gathered);
-  // Points the parameter at the full tensor (stashing the sharded grad) or back at the shard
-  // (restoring it, and releasing the full tensor's bytes).
+  // Fills the full tensor from a gathered [world, padded] view (one row per rank of a group of
+  // `world` ranks, this parameter sharded over them), allocating its bytes from `acct`'s pool
+  // first.
+  void copy_full_from(const at::Tensor& gathered, int world, Accounting& acct);
+  // Points the parameter at the full tensor, or back at the shard (releasing the full tensor's
+  // bytes to `acct`'s pool). grad() is untouched either way.
   void use_full();
-  void use_shard();
+  void use_shard(Accounting& acct);
 
-  // Moves autograd's full gradient out of grad() and adds it to the unsharded gradient kept
-  // across backwards while gradient sync is off (created in `dtype`, the reduce dtype, so
-  // 16-bit gradients accumulate in 32 bits when the reduction does). No gradient: a no-op.
-  void stash_full_grad(at::ScalarType dtype);
-  // Moves autograd's full gradient out of grad(), adds the stashed unsharded gradient if any,
-  // and writes the rows into a [world, padded_numel()] view in the reduce dtype, zeroing
-  // padding. Without either gradient it zeroes the whole view and returns false.
+  // Autograd's full gradient, from the accumulator's pre-hook: kept until this backward's
+  // post-backward (added to when a parameter is used more than once).
+  void capture_full_grad(const at::Tensor& grad);
+  // Whether a full gradient waits for a reduction (this backward's, or kept by backwards
+  // without gradient sync).
+  bool has_full_grad() const { return full_grad_.defined() || kept_grad_.defined(); }
+  // Backward without gradient sync: this backward's full gradient joins the kept one, in
+  // `dtype` (the reduce dtype, so that 16-bit gradients accumulate in 32 bits when the
+  // reduction does).
+  void keep_full_grad(at::ScalarType dtype);
+  // Writes the full gradients' rows (kept and this backward's) into a [world, padded_numel()]
+  // view in the reduce dtype, zeroing padding, and drops them. Without any it zeroes the whole
+  // view and returns false.
   bool take_full_grad_into(const at::Tensor& dst);
-  int64_t unsharded_grad_bytes() const {
-    return unsharded_grad_.defined() ? static_cast<int64_t>(unsharded_grad_.nbytes()) : 0;
+  // Drops this backward's full gradient (a failed backward's, or a parameter no longer
+  // trainable); gradients kept by earlier backwards stay.
+  void drop_full_grad() { full_grad_ = at::Tensor(); }
+  int64_t kept_grad_bytes() const {
+    return kept_grad_.defined() ? static_cast<int64_t>(kept_grad_.nbytes()) : 0;
   }
-  // Adds this rank's reduced rows (padded_numel() elements, any dtype) to the sharded grad.
+  // Adds this rank's reduced rows (padded_numel() elements, any dtype) to grad().
   void accumulate_shard_grad(const at::Tensor& reduced);
   int64_t sharded_grad_bytes() const;
 
@@ -84,22 +104,22 @@ class FsdpParam {
   void release_hooked() { hooked_strong_.reset(); }
 
  private:
-  void allocate_full();
-  void release_full();
+  void allocate_full(Accounting& acct);
+  void release_full(Accounting& acct);
 
   at::Tensor param_;  // the user's Parameter: its TensorImpl never changes
   std::vector<int64_t> full_shape_;
   int64_t row_numel_;
   std::vector<ShardRange> ranges_;  // every rank's rows
-  Accounting* acct_ = nullptr;
-  at::Tensor shard_;  // [rows, ...] original dtype
-  at::Tensor full_;   // full_shape_, compute dtype, storage bytes present only while gathered
+  at::Tensor shard_;                // [rows, ...] original dtype
+  at::Tensor full_;  // full_shape_, compute dtype, storage bytes present only while gathered
   int64_t full_nbytes_;
   bool full_allocated_ = false;
   bool holds_full_ = false;
-  at::Tensor grad_stash_;
-  // Full-shaped gradient summed over backwards that ran without gradient sync.
-  at::Tensor unsharded_grad_;
+  // This backward's full gradient, and the sum of those of backwards without gradient sync.
+  at::Tensor full_grad_;
+  bool owns_full_grad_ = false;  // full_grad_ is our tensor, not autograd's
+  at::Tensor kept_grad_;
   std::weak_ptr<torch::autograd::Node> hooked_;
   std::shared_ptr<torch::autograd::Node> hooked_strong_;
 };

@@ -1,29 +1,33 @@
-// fully_shard's entry points: argument checks, the registry that maps a module to its unit
-// state, and the functions Unit<Holder> calls around a forward.
-#include <mutex>
+// fully_shard's entry points: argument checks, the state a module carries (its "fsdp_state"
+// child), and FSDPModule's methods.
+#include "fsdp/runtime/fully_shard.h"
+
+#include <torch/csrc/autograd/graph_task.h>
+
 #include <unordered_map>
 #include <unordered_set>
 #if defined(__GLIBC__)  // defined by the standard headers above on glibc systems
 #include <malloc.h>
 #endif
 
-#include "fsdp/detail/unit_hooks.h"
 #include "fsdp/errors.h"
-#include "fsdp/unique_parameters.h"
 #include "runtime/local_shards.h"
 #include "runtime/unit_state.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace detail {
 namespace {
 
 // The module owns its state through a parameterless child module, so the state (and the
-// process group it holds) lives exactly as long as the module: no global keeps an MPI or NCCL
-// communicator alive past the model. The registry only finds states, by module address;
-// entries whose module died are dropped when met, so a recycled address never sees a stale one.
+// process groups it holds) lives exactly as long as the module: nothing global keeps an MPI or
+// NCCL communicator alive past the model, and the state is found through the module tree
+// (FSDP2's _get_module_fsdp_state), never through a process-wide map.
 class StateHolderImpl : public torch::nn::Module {
  public:
-  explicit StateHolderImpl(std::shared_ptr<UnitState> state) : state_(std::move(state)) {}
+  explicit StateHolderImpl(std::shared_ptr<UnitState> state)
+      : torch::nn::Module("fsdp::UnitState"), state_(std::move(state)) {}
+  const std::shared_ptr<UnitState>& state() const { return state_; }
 
  private:
   std::shared_ptr<UnitState> state_;
@@ -31,53 +35,18 @@ class StateHolderImpl : public torch::nn::Module {
 
 constexpr const char* kStateHolderName = "fsdp_state";
 
-struct Registry {
-  std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, std::weak_ptr<UnitState>> states;
-  // Parameters (by TensorImpl) that some unit already shards.
-  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<UnitState>> owned;
+// Every unit inside `module` (not itself), and the outermost of them: they become its children.
+struct InnerUnits {
+  std::vector<std::shared_ptr<UnitState>> direct;
+  std::vector<std::shared_ptr<UnitState>> all;
 };
 
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
-std::shared_ptr<UnitState> lookup_locked(Registry& r, const torch::nn::Module* m) {
-  auto it = r.states.find(m);
-  if (it == r.states.end()) return nullptr;
-  auto state = it->second.lock();
-  if (!state || !state->module_is(m)) {
-    r.states.erase(it);
-    return nullptr;
-  }
-  return state;
-}
-
-}  // namespace
-
-std::shared_ptr<UnitState> find_unit_state(const torch::nn::Module* module) {
-  if (!module) return nullptr;
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return lookup_locked(r, module);
-}
-
-namespace {
-
-struct ChildUnits {
-  std::vector<std::shared_ptr<UnitState>> direct;  // become this unit's children
-  std::unordered_set<const UnitState*> all;        // every unit inside the module
-};
-
-// Units already sharded inside `module`: the outermost become its children, and all of them
-// own their parameters.
-ChildUnits collect_child_units(Registry& r, const torch::nn::Module& module) {
-  ChildUnits out;
+InnerUnits inner_units(const torch::nn::Module& module) {
+  InnerUnits out;
   for (const auto& sub : module.modules(/*include_self=*/false)) {
-    if (auto s = lookup_locked(r, sub.get())) {
-      out.all.insert(s.get());
-      if (!s->has_parent()) out.direct.push_back(s);
+    if (auto s = unit_state_of(*sub)) {
+      out.all.push_back(s);
+      if (s->is_root()) out.direct.push_back(s);
     }
   }
   return out;
@@ -91,14 +60,19 @@ bool module_within(const torch::nn::Module* m, const torch::nn::Module& root) {
   return false;
 }
 
-// The module's parameters that no inner unit owns, each tensor once (a tensor registered under
-// several names, a tied embedding and head, is one parameter, as in FSDP2), checked: sharded
-// nowhere else, not shared with an inner unit, at least 1-d, on the group's device type,
+// The module's parameters that no inner unit owns and that are not ignored, each tensor once (a
+// tensor registered under several names, a tied embedding and head, is one parameter, as in
+// FSDP2), checked: not shared with an inner unit, at least 1-d, on the group's device type,
 // floating, one dtype.
-std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
-                                                                   const torch::nn::Module& module,
-                                                                   const ProcessGroup& pg,
-                                                                   const ChildUnits& children) {
+std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
+    const torch::nn::Module& module, const ProcessGroup& pg, const InnerUnits& inner,
+    const std::vector<at::Tensor>& ignored) {
+  std::unordered_map<const c10::TensorImpl*, const UnitState*> owned;
+  for (const auto& s : inner.all) {
+    for (const auto& p : s->group().params()) owned[p.param().unsafeGetTensorImpl()] = s.get();
+  }
+  std::unordered_set<const c10::TensorImpl*> skip;
+  for (const auto& t : ignored) skip.insert(t.unsafeGetTensorImpl());
   // Every (qualified name, registering module) of every tensor, to tell a tensor an inner unit
   // owns alone from one it shares with a module outside that unit.
   using Registration = std::pair<std::string, const torch::nn::Module*>;
@@ -113,33 +87,27 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // another name of one tensor
-    auto owner = r.owned.find(p.unsafeGetTensorImpl());
-    if (owner != r.owned.end()) {
-      auto s = owner->second.lock();
-      if (s && children.all.count(s.get())) {
-        auto inner = s->module();
-        for (const auto& [name, where] : registrations[p.unsafeGetTensorImpl()]) {
-          if (inner && !module_within(where, *inner)) {
-            throw InvalidArgument(fmt::format(
-                "fully_shard: parameter '{}' of {} is the same tensor as a parameter of the "
-                "inner fully_shard unit {}, which shards it alone; a tensor shared between two "
-                "units (a tied embedding and output head in different units) is not supported: "
-                "keep the modules that share it in one unit",
-                name, module.name(), inner->name()));
-          }
-        }
-        continue;  // a child's parameter
+    const auto* impl = p.unsafeGetTensorImpl();
+    if (!seen.insert(impl).second || skip.count(impl)) continue;  // another name; ignored
+    auto owner = owned.find(impl);
+    if (owner != owned.end()) {
+      auto inner_module = owner->second->module();
+      for (const auto& [name, where] : registrations[impl]) {
+        FSDP_CHECK_ARG(!inner_module || module_within(where, *inner_module),
+                       "fully_shard: parameter '{}' of {} is the same tensor as a parameter of "
+                       "the inner fully_shard unit {}, which shards it alone; a tensor shared "
+                       "between two units (a tied embedding and output head in different "
+                       "units) is not supported: keep the modules that share it in one unit",
+                       name, module.name(), owner->second->describe());
       }
-      if (s) {
-        auto other = s->module();
-        throw InvalidArgument(fmt::format(
-            "fully_shard: parameter '{}' of {} already belongs to another fully_shard unit, {}, "
-            "that is not inside this module; shard inner modules before the modules that "
-            "contain them, and do not share parameters between units",
-            item.key(), module.name(), other ? other->name() : "(destroyed)"));
-      }
+      continue;  // an inner unit's parameter
     }
+    std::string other;
+    FSDP_CHECK_ARG(!is_fsdp_shard(p, &other),
+                   "fully_shard: parameter '{}' of {} already belongs to another fully_shard "
+                   "unit, {}, that is not inside this module; shard inner modules before the "
+                   "modules that contain them, and do not share parameters between units",
+                   item.key(), module.name(), other);
     FSDP_CHECK_ARG(p.dim() >= 1,
                    "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
                    "give it shape [1]",
@@ -150,8 +118,7 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
                    item.key(), p.device().str(), pg.backend_name(),
                    c10::DeviceTypeName(pg.device_type(), true));
     FSDP_CHECK_ARG(p.is_floating_point(),
-                   "fully_shard: parameter '{}' has dtype {}; expected a "
-                   "floating dtype",
+                   "fully_shard: parameter '{}' has dtype {}; expected a floating dtype",
                    item.key(), c10::toString(p.scalar_type()));
     if (!params.empty()) {
       FSDP_CHECK_ARG(p.scalar_type() == params.front().second.scalar_type(),
@@ -167,6 +134,17 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(Registry& r,
   return params;
 }
 
+// reshard_after_forward_ranks: the group of consecutive ranks this rank keeps its rows in
+// between forward and backward (a collective split of the shard group).
+ProcessGroupPtr post_forward_group(const ProcessGroupPtr& shard, int ranks) {
+  if (ranks <= 0) return nullptr;
+  FSDP_CHECK_ARG(ranks > 1 && ranks < shard->size() && shard->size() % ranks == 0,
+                 "fully_shard: reshard_after_forward_ranks {} must divide the shard group's {} "
+                 "ranks and lie strictly between 1 and {}",
+                 ranks, shard->size(), shard->size());
+  return shard->split(shard->rank() / ranks);
+}
+
 // Sharding just freed the unit's full parameters. glibc keeps freed blocks below its mmap
 // threshold (which it raises, up to 32 MiB, as large blocks are freed) in the heap, resident;
 // a model sharded block by block as it is built would keep every block's full size resident
@@ -179,105 +157,206 @@ void release_freed_heap_memory() {
 #endif
 }
 
-// Makes `state` findable from its module and its parameters, and gives the module ownership.
-void register_unit(Registry& r, const std::shared_ptr<torch::nn::Module>& module,
-                   const std::shared_ptr<UnitState>& state,
-                   const std::vector<std::pair<std::string, at::Tensor>>& params) {
-  for (const auto& item : params) r.owned[item.second.unsafeGetTensorImpl()] = state;
-  r.states[module.get()] = state;
-  module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
-}
-
 }  // namespace
 
-std::shared_ptr<UnitState> create_unit_state(const std::shared_ptr<torch::nn::Module>& module,
-                                             ProcessGroupPtr pg, ProcessGroupPtr replicate,
-                                             FullyShardOptions options) {
-  FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
-  FSDP_CHECK_ARG(pg != nullptr, "fully_shard: the process group is null");
-  FSDP_CHECK_ARG(!replicate || replicate->device_type() == pg->device_type(),
-                 "fully_shard: the replicate group's device type ({}) differs from the shard "
-                 "group's ({})",
-                 c10::DeviceTypeName(replicate->device_type(), true),
-                 c10::DeviceTypeName(pg->device_type(), true));
-  // One replica is plain FSDP: no all-reduce to issue.
-  if (replicate && replicate->size() == 1) replicate.reset();
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  FSDP_CHECK_ARG(!lookup_locked(r, module.get()),
-                 "fully_shard: {} was already sharded; call fully_shard once per module",
-                 module->name());
-  auto children = collect_child_units(r, *module);
-  auto params = collect_own_params(r, *module, *pg, children);
-  auto state = std::make_shared<UnitState>(module, std::move(pg), std::move(replicate),
-                                           std::move(options), params);
-  for (auto& c : children.direct) state->adopt(c);
-  register_unit(r, module, state, params);
-  release_freed_heap_memory();
-  return state;
+std::shared_ptr<UnitState> unit_state_of(const torch::nn::Module& module) {
+  for (const auto& child : module.named_children()) {
+    if (child.key() != kStateHolderName) continue;
+    auto holder = std::dynamic_pointer_cast<StateHolderImpl>(child.value());
+    return holder ? holder->state() : nullptr;
+  }
+  return nullptr;
 }
 
-std::vector<LocalShard> local_shards(const torch::nn::Module& model) {
+void shard_module(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
+                  FullyShardOptions options) {
+  FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
+  FSDP_CHECK_ARG(mesh.shard != nullptr, "fully_shard: the process group is null");
+  FSDP_CHECK_ARG(!mesh.replicate || mesh.replicate->device_type() == mesh.shard->device_type(),
+                 "fully_shard: the replicate group's device type ({}) differs from the shard "
+                 "group's ({})",
+                 c10::DeviceTypeName(mesh.replicate->device_type(), true),
+                 c10::DeviceTypeName(mesh.shard->device_type(), true));
+  FSDP_CHECK_ARG(!unit_state_of(*module),
+                 "fully_shard: {} was already sharded; call fully_shard once per module",
+                 module->name());
+  DeviceMesh m = mesh;
+  // One replica is plain FSDP: no all-reduce to issue.
+  if (m.replicate && m.replicate->size() == 1) m.replicate.reset();
+  auto inner = inner_units(*module);
+  auto params = collect_own_params(*module, *m.shard, inner, options.ignored_params);
+  auto post_forward = post_forward_group(m.shard, options.reshard_after_forward_ranks);
+  auto state = std::make_shared<UnitState>(module, m, std::move(options), std::move(params),
+                                           std::move(post_forward));
+  for (auto& c : inner.direct) state->adopt(c);
+  module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
+  release_freed_heap_memory();
+}
+
+std::vector<LocalShard> local_shards(const torch::nn::Module& model, bool allow_gathered) {
+  // The units of the model, by the tensors they shard (through the module tree).
+  std::unordered_map<const c10::TensorImpl*, std::pair<const FsdpParam*, const UnitState*>> owner;
+  for (const auto& sub : model.modules(/*include_self=*/true)) {
+    auto s = unit_state_of(*sub);
+    if (!s) continue;
+    s->tree().recover_if_stale();
+    for (const auto& p : s->group().params()) {
+      owner[p.param().unsafeGetTensorImpl()] = {&p, s.get()};
+    }
+  }
   std::vector<LocalShard> out;
   std::unordered_set<const c10::TensorImpl*> seen;
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
     LocalShard shard{item.key(), p, p.sizes().vec(), 0, p.dim() == 0 ? 1 : p.size(0), true,
                      nullptr,    0};
-    auto owner = r.owned.find(p.unsafeGetTensorImpl());
-    auto state = owner == r.owned.end() ? nullptr : owner->second.lock();
-    if (state) {
-      const ParamGroup& group = state->group();
-      for (const auto& fp : group.params()) {
-        if (!fp.param().is_same(p)) continue;
-        FSDP_CHECK_ARG(!fp.holds_full(),
-                       "parameter '{}' is gathered (full) now; checkpoints read shards: call "
-                       "them between steps, or reshard() after unshard()",
-                       item.key());
-        const ShardRange& rows = fp.range(group.pg()->rank());
-        shard.full_shape = fp.full_shape();
-        shard.row_begin = rows.begin;
-        shard.row_end = rows.begin + rows.rows();
-        shard.replicated = false;
-        shard.shard_group = group.pg();
-        shard.replica = group.replicate() ? group.replicate()->rank() : 0;
-      }
+    auto it = owner.find(p.unsafeGetTensorImpl());
+    if (it != owner.end()) {
+      const FsdpParam& fp = *it->second.first;
+      const ParamGroup& group = it->second.second->group();
+      FSDP_CHECK_ARG(allow_gathered || !fp.holds_full(),
+                     "parameter '{}' is gathered (full) now; checkpoints read shards: call "
+                     "them between steps, or reshard() after unshard()",
+                     item.key());
+      const ShardRange& rows = fp.range(group.pg()->rank());
+      shard.full_shape = fp.full_shape();
+      shard.row_begin = rows.begin;
+      shard.row_end = rows.begin + rows.rows();
+      shard.replicated = false;
+      shard.shard_group = group.pg();
+      shard.replica = group.replicate() ? group.replicate()->rank() : 0;
     }
     out.push_back(std::move(shard));
   }
   return out;
 }
 
-std::pair<ProcessGroupPtr, ProcessGroupPtr> sharding_groups_of(const at::Tensor& param) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto owner = r.owned.find(param.unsafeGetTensorImpl());
-  auto state = owner == r.owned.end() ? nullptr : owner->second.lock();
-  if (!state) return {nullptr, nullptr};
-  return {state->group().pg(), state->group().replicate()};
-}
-
-void pre_forward(UnitState& state) { state.pre_forward(); }
-at::Tensor cast_forward_input(UnitState& state, const at::Tensor& input) {
-  return state.cast_forward_input(input);
-}
-void post_forward_output(UnitState& state, at::Tensor& output) {
-  state.post_forward_output(output);
-}
-void post_forward(UnitState& state) { state.post_forward(); }
-void unshard(UnitState& state) { state.unshard(); }
-void reshard(UnitState& state) { state.reshard(); }
-MemoryStats memory_stats(const UnitState& state) { return state.memory_stats(); }
-void set_requires_gradient_sync(UnitState& state, bool sync, bool recurse) {
-  state.set_requires_gradient_sync(sync, recurse);
-}
-bool checkpoints_forward(const UnitState& state) { return state.checkpoints_forward(); }
-CommStats comm_stats(const UnitState& state) { return state.comm_stats(); }
-
 }  // namespace detail
+
+// --- FSDPModule ---------------------------------------------------------------------------------
+
+std::shared_ptr<detail::UnitState> FSDPModule::state(const char* what) const {
+  auto s = module_ ? detail::unit_state_of(*module_) : nullptr;
+  FSDP_CHECK_ARG(s != nullptr, "{}: fully_shard was not applied to this module", what);
+  s->tree().recover_if_stale();
+  return s;
+}
+
+std::vector<at::Tensor> FSDPModule::parameters() const {
+  FSDP_CHECK_ARG(module_ != nullptr, "FSDPModule::parameters: the module is empty");
+  return unique_parameters(*module_);
+}
+
+namespace {
+
+// The units `recurse` reaches from `s`: itself, and every unit inside it.
+std::vector<detail::UnitState*> units_of(detail::UnitState& s, bool recurse) {
+  std::vector<detail::UnitState*> out{&s};
+  for (size_t i = 0; recurse && i < out.size(); ++i) {
+    for (const auto& c : out[i]->children()) out.push_back(c.get());
+  }
+  return out;
+}
+
+// Settings must not change while a backward of the tree runs: a half-applied switch would
+// desynchronise ranks. A backward is running when the tree's callback is queued and alive, or
+// when this thread is inside any autograd graph task (a hook that runs before the tree's first).
+void check_not_in_backward(detail::UnitState& s, const std::string& what) {
+  const bool in_graph_task = torch::autograd::get_current_graph_task_id() != -1;
+  FSDP_CHECK_ARG(!in_graph_task && !s.tree().backward_running(),
+                 "fsdp: {} on {} while a backward of its tree is running (called from a hook?); "
+                 "call it before the forward of the micro-batch it applies to",
+                 what, s.describe());
+}
+
+}  // namespace
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  auto s = state("FSDPModule::unshard");
+  s->unshard_async();
+  UnshardHandle handle(s);
+  if (!async_op) handle.wait();
+  return handle;
+}
+
+void UnshardHandle::wait() {
+  if (!state_) return;
+  state_->wait_unshard();
+  state_.reset();
+}
+
+void FSDPModule::reshard() { state("FSDPModule::reshard")->reshard(); }
+
+void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  auto s = state("set_requires_gradient_sync");
+  check_not_in_backward(*s, fmt::format("set_requires_gradient_sync({})", sync));
+  for (auto* u : units_of(*s, recurse)) u->settings().requires_gradient_sync = sync;
+}
+
+void FSDPModule::set_requires_all_reduce(bool all_reduce, bool recurse) {
+  auto s = state("set_requires_all_reduce");
+  check_not_in_backward(*s, fmt::format("set_requires_all_reduce({})", all_reduce));
+  for (auto* u : units_of(*s, recurse)) u->settings().requires_all_reduce = all_reduce;
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
+  auto s = state("set_reshard_after_forward");
+  for (auto* u : units_of(*s, recurse)) u->settings().reshard_after_forward = reshard;
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
+  auto s = state("set_reshard_after_backward");
+  check_not_in_backward(*s, fmt::format("set_reshard_after_backward({})", reshard));
+  for (auto* u : units_of(*s, recurse)) u->settings().reshard_after_backward = reshard;
+}
+
+namespace {
+std::vector<std::weak_ptr<detail::UnitState>> states_of(const std::vector<FSDPModule>& units,
+                                                        const char* what) {
+  std::vector<std::weak_ptr<detail::UnitState>> out;
+  for (const auto& u : units) {
+    auto s = u.nn_module() ? detail::unit_state_of(*u.nn_module()) : nullptr;
+    FSDP_CHECK_ARG(s != nullptr, "{}: a module in the list is not sharded by fully_shard", what);
+    out.push_back(s);
+  }
+  return out;
+}
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& units) {
+  auto s = state("set_modules_to_forward_prefetch");
+  s->settings().forward_prefetch = states_of(units, "set_modules_to_forward_prefetch");
+  s->settings().explicit_forward_prefetch = true;
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& units) {
+  auto s = state("set_modules_to_backward_prefetch");
+  s->settings().backward_prefetch = states_of(units, "set_modules_to_backward_prefetch");
+  s->settings().explicit_backward_prefetch = true;
+}
+
+void FSDPModule::set_is_last_backward(bool last) {
+  state("set_is_last_backward")->tree().is_last_backward = last;
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  FSDP_CHECK_ARG(std::isfinite(factor) && factor > 0,
+                 "set_gradient_divide_factor: the factor must be a positive finite number, got {}",
+                 factor);
+  state("set_gradient_divide_factor")->settings().gradient_divide_factor = factor;
+}
+
+void FSDPModule::set_reduce_scatter_unused_params(bool on, bool recurse) {
+  auto s = state("set_reduce_scatter_unused_params");
+  for (auto* u : units_of(*s, recurse)) u->settings().reduce_scatter_unused_params = on;
+}
+
+MemoryStats FSDPModule::memory_stats() const { return state("memory_stats")->memory_stats(); }
+
+CommStats FSDPModule::comm_stats() const {
+  return CommStats{state("comm_stats")->tree().acct().exposed_comm_seconds};
+}
 
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
   std::vector<at::Tensor> out;
@@ -286,17 +365,6 @@ std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
     if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
   }
   return out;
-}
-
-void throw_not_checkpointable(const char* output_type) {
-  throw InvalidArgument(
-      fmt::format("fsdp: activation_checkpointing needs the unit's forward to return a Tensor, a "
-                  "std::vector<Tensor> or a std::tuple of Tensors; this one returns {}",
-                  c10::demangle(output_type)));
-}
-
-void throw_not_sharded(const char* what) {
-  throw InvalidArgument(fmt::format("{}: fully_shard was not applied to this module", what));
 }
 
 }  // namespace fsdp

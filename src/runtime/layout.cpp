@@ -1,8 +1,8 @@
-#include "fsdp/sharding.h"
+#include "fsdp/runtime/layout.h"
 
 #include <algorithm>
 
-#include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 
@@ -15,6 +15,31 @@ ShardRange shard_range(int64_t dim0, int world, int rank) {
   r.begin = std::min(dim0, rank * r.rows_per_rank);
   r.end = std::min(dim0, r.begin + r.rows_per_rank);
   return r;
+}
+
+int64_t ParamShape::padded_numel(int world) const {
+  return shard_range(dim0, world, 0).rows_per_rank * row_numel;
+}
+
+FlatLayout flat_layout(const std::vector<ParamShape>& params, int world,
+                       const std::vector<bool>& in_buffer) {
+  FlatLayout l;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool in = in_buffer.empty() || in_buffer[i];
+    l.offset.push_back(in ? l.total : -1);
+    if (in) l.total += params[i].padded_numel(world);
+  }
+  return l;
+}
+
+UnitSizes unit_sizes(const std::vector<ParamShape>& params, int world) {
+  UnitSizes s;
+  for (const auto& p : params) {
+    s.full += p.numel();
+    s.padded += p.padded_numel(world);
+    s.rank0 += shard_range(p.dim0, world, 0).rows() * p.row_numel;
+  }
+  return s;
 }
 
 }  // namespace fsdp

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::detail {
 
@@ -25,12 +25,9 @@ struct LocalShard {
   int replica = 0;
 };
 
-// The shard group and replicate group (null without hybrid sharding) of a parameter sharded by
-// fully_shard; {nullptr, nullptr} for any other tensor.
-std::pair<ProcessGroupPtr, ProcessGroupPtr> sharding_groups_of(const at::Tensor& param);
-
-// Each unique parameter of `model` once, in named_parameters() order. Throws InvalidArgument
-// when a unit's parameters are gathered (between unshard() and reshard(), or mid-step).
-std::vector<LocalShard> local_shards(const torch::nn::Module& model);
+// Each unique parameter of `model` once, in named_parameters() order, found through the module
+// tree. Throws InvalidArgument when a unit's parameters are gathered (between unshard() and
+// reshard(), or mid-step), unless `allow_gathered` (callers that read gradients only).
+std::vector<LocalShard> local_shards(const torch::nn::Module& model, bool allow_gathered = false);
 
 }  // namespace fsdp::detail

@@ -2,53 +2,32 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <atomic>
-#include <mutex>
-#include <unordered_map>
-
 namespace fsdp::detail {
 namespace {
 
-// Callbacks by id: AutogradContext stores IValues, and an int64 id is the portable way to
-// reach a C++ callback from backward in libtorch.
-class CallbackTable {
- public:
-  int64_t add(std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t id = next_++;
-    table_.emplace(id, std::move(fn));
-    return id;
-  }
-  std::function<void()> take(int64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = table_.find(id);
-    if (it == table_.end()) return nullptr;
-    auto fn = std::move(it->second);
-    table_.erase(it);
-    return fn;
-  }
-
- private:
-  std::mutex mu_;
-  int64_t next_ = 0;
-  std::unordered_map<int64_t, std::function<void()>> table_;
+// The callback lives in the node's context (a capsule), so it goes with its graph: a graph
+// that never runs backward leaves nothing behind.
+struct Callback : torch::CustomClassHolder {
+  explicit Callback(std::function<void()> f) : fn(std::move(f)) {}
+  std::function<void()> fn;
 };
-
-CallbackTable& callbacks() {
-  static CallbackTable t;
-  return t;
-}
 
 struct PostBackward : public torch::autograd::Function<PostBackward> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            int64_t id) {
-    ctx->saved_data["id"] = id;
+                            c10::intrusive_ptr<Callback> callback) {
+    ctx->saved_data["callback"] = c10::IValue::make_capsule(std::move(callback));
     return input;  // identity: the output keeps this node as its grad_fn
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    if (auto fn = callbacks().take(ctx->saved_data["id"].toInt())) fn();
+    auto callback = c10::static_intrusive_pointer_cast<Callback>(
+        ctx->saved_data["callback"].toCapsule());
+    // Once per graph: a graph kept (retain_graph) and run again must not run it twice.
+    if (auto fn = std::move(callback->fn)) {
+      callback->fn = nullptr;
+      fn();
+    }
     return {grads[0], at::Tensor()};
   }
 };
@@ -56,10 +35,7 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
 }  // namespace
 
 at::Tensor attach_post_backward(const at::Tensor& input, std::function<void()> on_backward) {
-  // A graph that is never run backward leaves its entry here; entries are a few bytes and the
-  // owning unit state is held weakly by the callback.
-  int64_t id = callbacks().add(std::move(on_backward));
-  return PostBackward::apply(input, id);
+  return PostBackward::apply(input, c10::make_intrusive<Callback>(std::move(on_backward)));
 }
 
 }  // namespace fsdp::detail

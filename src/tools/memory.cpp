@@ -1,4 +1,4 @@
-#include "fsdp/device_memory.h"
+#include "fsdp/tools/memory.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

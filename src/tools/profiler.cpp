@@ -1,4 +1,4 @@
-#include "fsdp/profiler.h"
+#include "fsdp/tools/profiler.h"
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>

@@ -1,5 +1,5 @@
 // Internal: FSDP_RANGE(name) names the enclosing scope as a range in libtorch's profiler
-// (Chrome/Perfetto traces; include/fsdp/profiler.h lists the names) and, in builds with the
+// (Chrome/Perfetto traces; include/fsdp/tools/profiler.h lists the names) and, in builds with the
 // CUDA toolkit's NVTX headers, as an NVTX range for Nsight Systems and `ncu --nvtx`.
 // FSDP_RANGE_BYTES(name, bytes) also records `bytes` as the range's input, which a trace shows
 // as its "Concrete Inputs" when shapes are recorded (the collectives' sizes).

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "fsdp/checkpoint.h"
-#include "fsdp/safetensors.h"
-#include "fsdp/train_harness.h"
-#include "fsdp/whole_model.h"
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/io/safetensors.h"
+#include "support/train_harness.h"
+#include "fsdp/checkpoint/export.h"
 #include "support/expect_error.h"
 
 namespace fsdp::testing {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "comm/dtype_tolerance.h"
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::testing {
 

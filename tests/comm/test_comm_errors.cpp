@@ -2,10 +2,10 @@
 // group's collective counters stay at zero), on any backend: checks live in ProcessGroup.
 #include <gtest/gtest.h>
 
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
-#include "fsdp/fake_group.h"
-#include "fsdp/local_group.h"
+#include "fsdp/comm/fake_group.h"
+#include "fsdp/comm/local_group.h"
 #include "support/expect_error.h"
 
 namespace fsdp {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/errors.h"
-#include "fsdp/fake_group.h"
+#include "fsdp/comm/fake_group.h"
 
 namespace fsdp {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "comm/collective_cases.h"
 #include "fsdp/errors.h"
-#include "fsdp/local_group.h"
+#include "fsdp/comm/local_group.h"
 
 namespace fsdp {
 namespace {

@@ -3,7 +3,7 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {

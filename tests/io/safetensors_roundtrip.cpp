@@ -2,7 +2,7 @@
 // writer (metadata kept); tests/io/safetensors_interop.py drives it against Python's library.
 #include <iostream>
 
-#include "fsdp/safetensors.h"
+#include "fsdp/io/safetensors.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "fsdp/errors.h"
-#include "fsdp/safetensors.h"
+#include "fsdp/io/safetensors.h"
 #include "support/expect_error.h"
 
 namespace fsdp {

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "fsdp/errors.h"
-#include "fsdp/launch.h"
+#include "fsdp/launch/launch.h"
 
 namespace fsdp {
 namespace {

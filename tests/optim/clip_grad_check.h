@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/utils/clip_grad.h>
 
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 

@@ -5,9 +5,9 @@
 
 #include <limits>
 
-#include "clip_grad_check.h"
+#include "optim/clip_grad_check.h"
 #include "support/expect_error.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {

@@ -5,14 +5,14 @@
 #include <torch/torch.h>
 
 #include "fsdp/errors.h"
-#include "fsdp/fused_adamw.h"
-#include "model.h"
+#include "fsdp/optim/fused_adamw.h"
+#include "fsdp/models/minillm.h"
 
 namespace {
 
-minillm::MiniLLM tiny_model() {
+fsdp::models::minillm::MiniLLM tiny_model() {
   torch::manual_seed(3);
-  return minillm::MiniLLM(minillm::Config{/*vocab=*/97, /*dim=*/32, /*layers=*/2, /*heads=*/4});
+  return fsdp::models::minillm::MiniLLM(fsdp::models::minillm::Config{/*vocab=*/97, /*dim=*/32, /*layers=*/2, /*heads=*/4});
 }
 
 // Steps a copy of tiny_model() `steps` times with optimizer type Opt, feeding the same gradient
@@ -21,7 +21,7 @@ minillm::MiniLLM tiny_model() {
 // zero-gradient parameter (attention's key bias) into full-size steps. Returns the parameters.
 template <typename Opt>
 std::vector<torch::Tensor> train(torch::optim::AdamWOptions options, int steps,
-                                 std::function<void(minillm::MiniLLM&)> edit = nullptr) {
+                                 std::function<void(fsdp::models::minillm::MiniLLM&)> edit = nullptr) {
   auto model = tiny_model();
   if (edit) edit(model);
   Opt opt(model->parameters(), options);
@@ -65,7 +65,7 @@ TEST(FusedAdamW, MatchesWithWeightDecayBetasAndAmsgrad) {
 }
 
 TEST(FusedAdamW, SkipsFrozenParametersAndKeepsLibtorchState) {
-  auto freeze = [](minillm::MiniLLM& m) { m->head->weight.set_requires_grad(false); };
+  auto freeze = [](fsdp::models::minillm::MiniLLM& m) { m->head->weight.set_requires_grad(false); };
   auto opts = torch::optim::AdamWOptions(1e-2);
   auto want = train<torch::optim::AdamW>(opts, 5, freeze);
   auto got = train<fsdp::FusedAdamW>(opts, 5, freeze);

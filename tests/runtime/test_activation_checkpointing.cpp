@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -81,7 +81,7 @@ TEST(CheckpointedUnits, SameCollectivesAndNothingLeftGathered) {
     loss.backward();
     EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), (n + 1) + n);
     EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), n + 1);
-    EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+    EXPECT_EQ(root.memory_stats().tree.full_param_bytes, 0);
   }
 }
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -221,14 +221,14 @@ TEST(Evaluation, NoGradForwardFreesAllAndTrainingGoesOn) {
           eval_logits = root(rank_slice(tokens, pg, 6));
         }
         EXPECT_FALSE(eval_logits.requires_grad());
-        EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+        EXPECT_EQ(root.memory_stats().tree.full_param_bytes, 0);
         torch::optim::AdamW opt(root->parameters(), torch::optim::AdamWOptions(1e-2));
         opt.zero_grad();
         auto logits = root(rank_slice(tokens, pg, 6));
         EXPECT_TRUE(at::allclose(logits.detach(), eval_logits, 1e-6, 1e-6));
         loss_of(logits, rank_slice(targets, pg, 6), spec.model.output_size()).backward();
         opt.step();
-        EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+        EXPECT_EQ(root.memory_stats().tree.full_param_bytes, 0);
       },
       test_options());
 }
@@ -243,10 +243,10 @@ TEST(ManualUnshard, GathersAndFreesOnRequest) {
         EXPECT_EQ(net->head->weight.size(0), pg->rank() == 0 ? 2 : 1);
         root.unshard();
         EXPECT_TRUE(at::equal(net->head->weight, full_head));
-        EXPECT_GT(root.memory_stats().full_param_bytes, 0);
+        EXPECT_GT(root.memory_stats().tree.full_param_bytes, 0);
         root.reshard();
         EXPECT_EQ(net->head->weight.size(0), pg->rank() == 0 ? 2 : 1);
-        EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+        EXPECT_EQ(root.memory_stats().tree.full_param_bytes, 0);
       },
       test_options());
 }
@@ -273,12 +273,12 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
         EXPECT_GE(m.sharded_param_bytes, total_bytes / 2 - 2 * 4 * 60);
         EXPECT_LE(m.sharded_param_bytes, total_bytes / 2 + 2 * 4 * 60);
         EXPECT_EQ(m.sharded_grad_bytes, m.sharded_param_bytes);
-        EXPECT_EQ(m.full_param_bytes, 0) << "everything is freed after backward";
+        EXPECT_EQ(m.tree.full_param_bytes, 0) << "everything is freed after backward";
         // The root stays gathered; at most two blocks are gathered with it.
-        EXPECT_GE(m.peak_full_param_bytes, root_bytes + block_bytes);
-        EXPECT_LE(m.peak_full_param_bytes, root_bytes + 2 * block_bytes);
-        EXPECT_GT(m.peak_comm_buffer_bytes, 0);
-        EXPECT_EQ(m.comm_buffer_bytes, 0);
+        EXPECT_GE(m.tree.peak_full_param_bytes, root_bytes + block_bytes);
+        EXPECT_LE(m.tree.peak_full_param_bytes, root_bytes + 2 * block_bytes);
+        EXPECT_GT(m.tree.peak_comm_buffer_bytes, 0);
+        EXPECT_EQ(m.tree.comm_buffer_bytes, 0);
       },
       test_options());
 }

@@ -4,7 +4,7 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -75,7 +75,7 @@ TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {
   EXPECT_EQ(root.memory_stats().sharded_param_bytes, expected);
   EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), 2 * n + 1);  // root kept
   EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), n + 1);
-  EXPECT_EQ(root.memory_stats().full_param_bytes, 0);
+  EXPECT_EQ(root.memory_stats().tree.full_param_bytes, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, FakeCudaWorld, ::testing::Values(4, 8));

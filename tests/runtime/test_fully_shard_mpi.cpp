@@ -6,9 +6,9 @@
 #include <limits>
 #include <string>
 
-#include "clip_grad_check.h"
+#include "optim/clip_grad_check.h"
 #include "support/multi_process_main.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -128,7 +128,7 @@ TEST(FullyShardMpi, HybridShardingEveryLayoutMatches) {
     // values in an order of their own ((a + b) + (c + d) in recursive doubling), even at 4x1.
     const bool same_order = replicas == 1;
     // Gloo's reduce-scatter has its own order too (plain FSDP over Gloo: 4.2e-5 at 4 ranks).
-    const bool reference_order = same_order && world()->backend_name() == "mpi";
+    const bool reference_order = same_order && world()->backend() == Backend::kMpi;
     expect_parity(label, n, got, want, reference_order ? kTolerance : 1e-4);
     EXPECT_LT(max_rel_loss_error(got, want), kTolerance) << label;
     if (same_order) {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -67,7 +67,7 @@ TEST(StartupByBlock, ParameterCountWithoutBuilding) {
     spec.model.outputs = tied ? 0 : 3;
     int64_t n = 0;
     for (const auto& p : unique_parameters(*build_model(spec))) n += p.numel();
-    EXPECT_EQ(minillm::parameter_count(spec.model), n) << "tied " << tied;
+    EXPECT_EQ(fsdp::models::minillm::parameter_count(spec.model), n) << "tied " << tied;
   }
 }
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -142,7 +142,7 @@ TEST(NoSyncAccumulation, OneReduceScatterPerUnitPerStepAndItsMemory) {
       EXPECT_EQ(m.unsharded_grad_bytes, 0);
       EXPECT_EQ(m.sharded_grad_bytes, m.sharded_param_bytes);
     }
-    EXPECT_EQ(m.full_param_bytes, 0);
+    EXPECT_EQ(m.tree.full_param_bytes, 0);
   }
   // Forward gathers every unit; backward every unit but the root, which keeps its parameters.
   EXPECT_EQ(pg->stats().count(CollectiveKind::kAllGather), 3 * (units + units - 1));

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/errors.h"
-#include "fsdp/sharding.h"
+#include "fsdp/runtime/layout.h"
 
 namespace fsdp {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::testing {
 

@@ -1,4 +1,4 @@
-#include "train_harness.h"
+#include "support/train_harness.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -46,7 +46,7 @@ Unit<TinyLM> build_sharded_by_block(const TrainSpec& spec, const ProcessGroupPtr
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
   std::lock_guard<std::mutex> lock(build_mutex());  // fully_shard does not communicate
   torch::manual_seed(spec.seed);
-  model = TinyLM(spec.model, [&](int64_t, Unit<minillm::TransformerBlock>& block) {
+  model = TinyLM(spec.model, [&](int64_t, Unit<fsdp::models::minillm::TransformerBlock>& block) {
     fully_shard(block, pg, options);
   });
   return fully_shard(model, pg, options);

@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "fsdp/fsdp.h"
-#include "model.h"
+#include "fsdp/models/minillm.h"
 
 namespace fsdp::testing {
 
 // MiniLLM at sizes that divide by nothing: vocab 1001, dim 60, a head of 3 outputs.
-using TinyLM = minillm::MiniLLM;
-inline minillm::Config tiny_config() {
-  minillm::Config c;
+using TinyLM = fsdp::models::minillm::MiniLLM;
+inline fsdp::models::minillm::Config tiny_config() {
+  fsdp::models::minillm::Config c;
   c.vocab = 1001;
   c.dim = 60;
   c.layers = 2;
@@ -29,7 +29,7 @@ inline minillm::Config tiny_config() {
 }
 
 struct TrainSpec {
-  minillm::Config model = tiny_config();
+  fsdp::models::minillm::Config model = tiny_config();
   int steps = 10;
   int64_t batch = 12;  // global: divides by 1, 2, 3 and 4
   int64_t seq = 5;

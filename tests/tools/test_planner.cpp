@@ -1,4 +1,4 @@
-// The planner (fsdp/planner.h) against what the runtime does: MiniLLM's activation count
+// The planner (fsdp/tools/planner.h) against what the runtime does: MiniLLM's activation count
 // against the bytes its forward really keeps (counted by the host tensor allocator), and each
 // plan's shards, gathered parameters, communication buffers and collectives against the
 // runtime's own accounting after a real step on thread ranks; bad requests are named.
@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <fstream>
 
-#include "fsdp/device_memory.h"
-#include "fsdp/planner.h"
-#include "fsdp/train_harness.h"
-#include "plan_model.h"
+#include "fsdp/tools/memory.h"
+#include "fsdp/tools/planner.h"
+#include "support/train_harness.h"
+#include "fsdp/models/minillm_plan.h"
 #include "support/expect_error.h"
 
 namespace fsdp::testing {
@@ -42,17 +42,17 @@ class BlockActivations : public ::testing::TestWithParam<BlockCase> {};
 // to 1%: the count names every saved tensor, so a change in the ops shows here first.
 TEST_P(BlockActivations, MatchTheOpByOpCount) {
   const auto c = GetParam();
-  minillm::Config cfg;
+  fsdp::models::minillm::Config cfg;
   cfg.dim = c.dim;
   cfg.heads = c.heads;
-  minillm::TransformerBlock block(c.dim, c.heads);
+  fsdp::models::minillm::TransformerBlock block(c.dim, c.heads);
   block->to(c.dtype);
   auto x = at::randn({c.batch, c.seq, c.dim}, at::TensorOptions().dtype(c.dtype))
                .set_requires_grad(true);
   const int64_t before = allocated();
   auto y = block->forward(x);
   const int64_t kept = allocated() - before;
-  const int64_t want = minillm::block_activation_bytes(cfg, c.batch * c.seq, c.seq,
+  const int64_t want = fsdp::models::minillm::block_activation_bytes(cfg, c.batch * c.seq, c.seq,
                                                        static_cast<int>(at::elementSize(c.dtype)));
   EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(want), 0.01 * want)
       << "kept " << kept << " bytes, counted " << want;
@@ -70,11 +70,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BlockActivations,
 // The root's forward and the loss keep the embedding's output, the logits and the
 // log-probabilities.
 TEST(RootActivations, MatchTheCount) {
-  minillm::Config cfg;
+  fsdp::models::minillm::Config cfg;
   cfg.vocab = 500;
   cfg.dim = 64;
   cfg.layers = 0;
-  minillm::MiniLLM model(cfg);
+  fsdp::models::minillm::MiniLLM model(cfg);
   const int64_t batch = 3, seq = 16;
   auto tokens = at::randint(cfg.vocab, {batch, seq}, at::kLong);
   auto targets = at::randint(cfg.vocab, {batch, seq}, at::kLong);
@@ -83,18 +83,18 @@ TEST(RootActivations, MatchTheCount) {
   auto loss =
       at::cross_entropy_loss(logits.reshape({-1, cfg.vocab}).to(at::kFloat), targets.reshape(-1));
   const int64_t kept = allocated() - before;
-  const int64_t want = minillm::root_activation_bytes(cfg, batch * seq, 4);
+  const int64_t want = fsdp::models::minillm::root_activation_bytes(cfg, batch * seq, 4);
   EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(want), 0.01 * want)
       << "kept " << kept << " bytes, counted " << want;
 }
 
 PlanRequest tiny_request(const TrainSpec& spec, int world, int replicas) {
-  minillm::PlanShape shape;
+  fsdp::models::minillm::PlanShape shape;
   shape.model = spec.model;
   shape.seq = spec.seq;
   shape.batch_per_rank = spec.batch / world;
   PlanRequest r;
-  r.units = minillm::plan_units(shape);
+  r.units = fsdp::models::minillm::plan_units(shape);
   r.layout = {world, replicas, 0};
   return r;
 }
@@ -132,9 +132,9 @@ TEST_P(PlanAgainstRuntime, ShardsGathersAndCollectivesAreExact) {
         const auto m = root.memory_stats();
         EXPECT_EQ(m.sharded_param_bytes, plan.memory.param_shards);
         EXPECT_EQ(m.sharded_grad_bytes, plan.memory.grad_shards);
-        EXPECT_EQ(m.peak_full_param_bytes, plan.memory.gathered_params);
-        EXPECT_LE(m.peak_comm_buffer_bytes, plan.memory.comm_buffers);
-        EXPECT_GE(m.peak_comm_buffer_bytes, plan.memory.comm_buffers / 2);
+        EXPECT_EQ(m.tree.peak_full_param_bytes, plan.memory.gathered_params);
+        EXPECT_LE(m.tree.peak_comm_buffer_bytes, plan.memory.comm_buffers);
+        EXPECT_GE(m.tree.peak_comm_buffer_bytes, plan.memory.comm_buffers / 2);
         for (const auto& coll : plan.collectives) {
           const auto& stats = coll.group == "shard" ? mesh.shard->stats() : mesh.replicate->stats();
           const auto kind = coll.op == Op::kAllGather       ? CollectiveKind::kAllGather

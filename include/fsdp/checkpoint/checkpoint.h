@@ -32,7 +32,7 @@
 #include <string>
 
 #include "fsdp/errors.h"
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp {
 

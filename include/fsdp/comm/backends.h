@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace c10d {
 class Store;

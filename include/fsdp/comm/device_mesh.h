@@ -17,7 +17,7 @@
 //   fsdp::clip_grad_norm_(root.parameters(), 1.0, mesh);
 #pragma once
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp {
 

@@ -1,7 +1,7 @@
 // The fake group: one rank of a large world in one process, without communication.
 #pragma once
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp {
 

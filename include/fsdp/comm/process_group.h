@@ -19,11 +19,17 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/work.h"
+#include "fsdp/comm/work.h"
 
 namespace fsdp {
 
 enum class ReduceOp { kSum, kAvg };
+
+// The engines: MPI, NCCL, Gloo (through libtorch's c10d), thread ranks in one process, and a
+// fake group that plays one rank of a larger world (tests).
+enum class Backend { kMpi, kNccl, kGloo, kLocal, kFake };
+// "mpi", "nccl", "gloo", "local", "fake".
+const char* backend_name(Backend backend);
 
 // The operations a group counts; index into CollectiveStats arrays.
 enum class CollectiveKind : int {
@@ -53,10 +59,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // "mpi", "nccl", "gloo", "local" (thread ranks) or "fake".
-  virtual std::string backend_name() const = 0;
+  virtual Backend backend() const = 0;
+  std::string backend_name() const { return fsdp::backend_name(backend()); }
   // Where this group's tensors live: at::kCPU or at::kCUDA.
   virtual at::DeviceType device_type() const = 0;
+  // The device of this group's tensors: its type, and for NCCL the rank's GPU.
+  virtual at::Device device() const { return at::Device(device_type()); }
 
   // output.numel() == size() * input.numel(); rank r's input lands in
   // output[r * input.numel(), (r + 1) * input.numel()). output must not overlap input.
@@ -104,8 +112,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // members[index], its rank in the new group.
   virtual std::shared_ptr<ProcessGroup> do_split(int color, const std::vector<int>& members,
                                                  int index);
-  // The device of this group's collectives' tensors (its device type; NCCL names its GPU).
-  virtual at::Device collective_device() const { return at::Device(device_type()); }
 
  private:
   void check_tensor(const char* op, const char* name, const at::Tensor& t) const;

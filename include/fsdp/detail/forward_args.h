@@ -1,6 +1,7 @@
-// Internal: how fsdp::Unit passes a checkpointed forward's arguments and outputs through the
-// recompute, which sees tensors only: tensor arguments become the recompute's inputs, other
-// arguments are kept by value and given again; outputs are flattened to a list and rebuilt.
+// Internal: how fsdp::Unit hands a forward's arguments and outputs to the runtime, which sees
+// tensors only: tensor arguments become the forward's inputs (cast, wrapped for the backward,
+// saved by a checkpointed unit for its recompute), other arguments are kept by value and given
+// again; outputs are flattened to a list and rebuilt.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -52,6 +53,20 @@ void put_tensors(Tuple& args, const std::vector<at::Tensor>& tensors) {
         (one(a), ...);
       },
       args);
+}
+
+// Calls `f` on the arguments kept in `stored` with `tensors` in place of their tensor elements.
+// A copy of `stored` when it can be copied, so that the call can run again (a recompute).
+template <typename F, typename Tuple>
+decltype(auto) apply_with_tensors(F& f, Tuple& stored, const std::vector<at::Tensor>& tensors) {
+  if constexpr (std::is_copy_constructible_v<Tuple>) {
+    Tuple call = stored;
+    put_tensors(call, tensors);
+    return std::apply(f, call);
+  } else {
+    put_tensors(stored, tensors);
+    return std::apply(f, stored);
+  }
 }
 
 inline std::vector<at::Tensor> flatten_outputs(at::Tensor t) { return {std::move(t)}; }

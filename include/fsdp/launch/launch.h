@@ -8,7 +8,7 @@
 #include <functional>
 #include <string>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp {
 

@@ -17,9 +17,9 @@
 #include <functional>
 #include <vector>
 
-#include "fsdp/fully_shard.h"
+#include "fsdp/runtime/fully_shard.h"
 
-namespace minillm {
+namespace fsdp::models::minillm {
 
 struct Config {
   int64_t vocab = 32000;
@@ -105,4 +105,4 @@ double train_flops_per_token(const Config& config, int64_t seq);
 // Parameters of the model (each tensor once: a tied head adds none), without building it.
 int64_t parameter_count(const Config& config);
 
-}  // namespace minillm
+}  // namespace fsdp::models::minillm

@@ -1,4 +1,4 @@
-// MiniLLM as the planner sees it (fsdp/planner.h): the units fully_shard makes of it (the root:
+// MiniLLM as the planner sees it (fsdp/tools/planner.h): the units fully_shard makes of it (the root:
 // embedding and head; one per block) with their parameter shapes, and the bytes each unit's
 // forward keeps for backward, counted op by op for the ops model.cpp runs.
 #pragma once
@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "fsdp/planner.h"
-#include "model.h"
+#include "fsdp/tools/planner.h"
+#include "fsdp/models/minillm.h"
 
-namespace minillm {
+namespace fsdp::models::minillm {
 
 struct PlanShape {
   Config model;
@@ -31,4 +31,4 @@ int64_t loss_transient_bytes(const Config& c, int64_t tokens);
 // The root first, then the blocks; activation bytes for one micro-batch.
 std::vector<fsdp::plan::UnitSpec> plan_units(const PlanShape& shape);
 
-}  // namespace minillm
+}  // namespace fsdp::models::minillm

@@ -4,7 +4,7 @@
 // that rank's shards only, so every rank would scale by a different factor: wrong for FSDP.
 // fsdp::clip_grad_norm_ combines every rank's shards with one collective and scales all of them
 // by the same factor, which makes a sharded run equal the unsharded one clipped with libtorch's
-// function (tests/fsdp/test_clip_grad.cpp).
+// function (tests/optim/test_clip_grad.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,13 +12,14 @@
 #include <limits>
 #include <vector>
 
-#include "fsdp/device_mesh.h"
-#include "fsdp/process_group.h"
+#include "fsdp/comm/device_mesh.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp {
 
-// The total p-norm of the gradients of `params` (this rank's shards; parameters without a
-// gradient are skipped) over all ranks of `pg`: (sum over ranks and parameters of |g|^p)^(1/p),
+// The total p-norm of the gradients of `params` (this rank's shards, sharded over `pg`;
+// parameters without a gradient are skipped) over all ranks of `pg`: (sum over ranks and parameters of |g|^p)^(1/p),
 // or the largest |g| for p = infinity. Every gradient is then multiplied by
 // min(1, max_norm / (total + 1e-6)), as torch::nn::utils::clip_grad_norm_ does. Returns the total
 // norm, the same on every rank. One all_gather of one double per rank; every rank must call it.
@@ -38,12 +39,19 @@ double total_grad_norm(const std::vector<at::Tensor>& params, const ProcessGroup
                        double norm_type = 2.0);
 
 // Hybrid sharding (device_mesh.h): the replicas hold the same gradient shards, so the norm is
-// combined over mesh.shard only. Passing the world group instead, with parameters that are
-// replicated, is InvalidArgument (the norm would count each shard once per replica).
+// combined over mesh.shard only.
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                        const DeviceMesh& mesh, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& mesh,
                        double norm_type = 2.0);
+
+// The model's gradients, whatever its layout: each unit's shards combined over the group that
+// shards them (with hybrid sharding, once per replica), and parameters outside every unit (or
+// ignored by fully_shard), which every rank holds whole, counted once. The form to prefer:
+// the groups come from the model, so no layout can be passed wrong.
+double clip_grad_norm_(const FSDPModule& model, double max_norm, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
+double total_grad_norm(const FSDPModule& model, double norm_type = 2.0);
 
 }  // namespace fsdp

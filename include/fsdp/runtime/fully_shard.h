@@ -12,20 +12,32 @@
 // unsharded (the single-process reference) and sharded. See docs/design.md.
 //
 // Semantics (FSDP2's, torch/distributed/fsdp/_fully_shard/):
-// - Each parameter is sharded on dim 0 (shard_range: ceil(d0 / N) rows per rank, trailing ranks
-//   fewer or none); parameters() returns the shards, named_parameters() keeps the names, and the
-//   Tensor objects stay the same (set_data), so any libtorch optimizer keeps sharded state.
+// - Each parameter is sharded on dim 0 (layout.h); parameters() returns the shards,
+//   named_parameters() keeps the names, and the Tensor objects stay the same (set_data), so any
+//   libtorch optimizer keeps sharded state.
 // - One communication group per fully_shard call: its parameters minus those of units already
-//   sharded inside it (children are sharded first).
+//   sharded inside it (children are sharded first) and minus ignored_params.
 // - Forward: one all-gather per unit before its forward, in param_dtype; the next unit's
 //   gather is issued before this one computes (forward prefetch, from the previous step's
-//   order). After forward the full parameters are freed unless reshard_after_forward is false
-//   (the root's default).
+//   order or set_modules_to_forward_prefetch). After forward the full parameters are freed
+//   unless reshard_after_forward is false (the root's default).
 // - Backward: a unit whose parameters were freed is gathered again when the gradient reaches
 //   its outputs (and the unit before it is prefetched); once its gradients exist, one
-//   reduce-scatter in reduce_dtype, averaged over ranks, lands in each parameter's grad() in
-//   its original dtype, adding to a gradient already there (accumulation). At the end of
-//   backward all reductions are waited for; units without gradients neither hang nor corrupt.
+//   reduce-scatter in reduce_dtype, averaged over ranks (or divided by the gradient divide
+//   factor), lands in each parameter's grad() in its original dtype, adding to a gradient
+//   already there (accumulation). At the end of backward all reductions are waited for.
+// - Gradients: grad() of a parameter is always its sharded gradient (or undefined), whatever
+//   the step is doing: zero_grad() (set_to_none or not) or any edit of grad() between or
+//   inside steps means what it means without FSDP. Full gradients are FSDP's own until they are
+//   reduced.
+// - Trainable parameters are read at each forward: freezing or unfreezing (requires_grad)
+//   after fully_shard changes what is reduced from the next step on; the reduce-scatter carries
+//   exactly the parameters that take a gradient.
+// - Failures: a forward or backward that throws (a user's hook, a shape error, an out-of-memory
+//   the caller catches) leaves the tree to be reset before its next forward: parameters
+//   resharded, orders and per-backward state cleared, reductions in flight finished (their
+//   gradients land, as autograd's would have). A forward whose loss is never backpropagated is
+//   the same. The next step trains as if the failed one had stopped there.
 // - Accumulation without communication: set_requires_gradient_sync(false) keeps gradients
 //   unsharded until a backward with sync on reduces them once.
 // - Activation checkpointing (FullyShardOptions::activation_checkpointing): the unit keeps
@@ -36,6 +48,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -44,116 +57,185 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/comm_stats.h"
-#include "fsdp/detail/checkpoint_args.h"
-#include "fsdp/detail/unit_hooks.h"
-#include "fsdp/device_mesh.h"
-#include "fsdp/fully_shard_options.h"
-#include "fsdp/memory_stats.h"
-#include "fsdp/process_group.h"
-#include "fsdp/unique_parameters.h"
+#include "fsdp/comm/device_mesh.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/detail/forward_args.h"
+#include "fsdp/runtime/options.h"
+#include "fsdp/runtime/stats.h"
+#include "fsdp/runtime/unique_parameters.h"
 
 namespace fsdp {
 
 namespace detail {
-template <typename T>
-decltype(auto) cast_arg(UnitState& state, T&& arg) {
-  if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-    return cast_forward_input(state, arg);
-  } else {
-    return std::forward<T>(arg);
-  }
-}
+class UnitState;
 
-inline void visit_outputs(UnitState& state, at::Tensor& t) { post_forward_output(state, t); }
-inline void visit_outputs(UnitState& state, std::vector<at::Tensor>& ts) {
-  for (auto& t : ts) post_forward_output(state, t);
-}
-template <typename... T>
-void visit_outputs(UnitState& state, std::tuple<T...>& tuple) {
-  std::apply([&](auto&... elems) { (visit_outputs(state, elems), ...); }, tuple);
-}
-template <typename T>
-void visit_outputs(UnitState&, T&) {}  // non-tensor outputs pass through
+// The state fully_shard attached to `module` (its "fsdp_state" child), or null.
+std::shared_ptr<UnitState> unit_state_of(const torch::nn::Module& module);
+// fully_shard's work (src/runtime/fully_shard.cpp).
+void shard_module(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
+                  FullyShardOptions options);
+
+// A unit's method on its tensor arguments, in order; its outputs flattened to a list (empty
+// when the outputs are not made of tensors).
+using ForwardFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+struct ForwardSpec {
+  const char* output_type = "";  // typeid name of the outputs, for messages
+  bool tensor_outputs = true;    // a Tensor, a vector or a tuple of Tensors
+  bool replayable = true;        // `fn` may run again (the recompute of checkpointing)
+};
+// Runs `fn` as the unit's forward: gathers before, casts floating inputs to param_dtype,
+// checkpoints when the unit does, hooks the outputs for the backward, frees after. The one
+// entry point of every forward through a Unit (src/runtime/forward.cpp).
+std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> inputs,
+                                    const ForwardFn& fn, const ForwardSpec& spec);
 }  // namespace detail
+
+// FSDP2's UnshardHandle: wait() completes an unshard(/*async_op=*/true).
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::shared_ptr<detail::UnitState> state) : state_(std::move(state)) {}
+  // Completes the gather; the full parameters are in place afterwards. A no-op when done.
+  void wait();
+
+ private:
+  std::shared_ptr<detail::UnitState> state_;
+};
+
+// The methods of a sharded module, FSDP2's FSDPModule. A handle: copies refer to the same
+// module, whose FSDP state lives in the module itself.
+class FSDPModule {
+ public:
+  FSDPModule() = default;
+  explicit FSDPModule(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {}
+
+  // The module (null for an empty handle).
+  const std::shared_ptr<torch::nn::Module>& nn_module() const { return module_; }
+  bool is_sharded() const { return module_ && detail::unit_state_of(*module_) != nullptr; }
+  // This rank's parameter shards, each tensor once (unique_parameters): give these to the
+  // optimizer.
+  std::vector<at::Tensor> parameters() const;
+
+  // Gathers this unit's full parameters (not recursive). async_op: returns at once; the
+  // handle's wait() (or the unit's next forward) completes the gather. The parameters stay
+  // full until reshard() or the end of the next backward.
+  UnshardHandle unshard(bool async_op = false);
+  // Frees the full parameters, registering the shards again (not recursive).
+  void reshard();
+
+  // Off: the backwards that follow keep their gradients unsharded on every rank (full size, in
+  // the reduce dtype) instead of reduce-scattering them; the first backward with sync on
+  // reduces everything accumulated, once. For gradient accumulation: off for all micro-batches
+  // but the last. With hybrid sharding it governs the all-reduce across replicas too.
+  void set_requires_gradient_sync(bool sync, bool recurse = true);
+  // Hybrid sharding: off reduce-scatters within the replica but skips the all-reduce across
+  // replicas (accumulation with less traffic between machines); the reduced shards are kept
+  // and all-reduced once by the first backward with it on.
+  void set_requires_all_reduce(bool all_reduce, bool recurse = true);
+  void set_reshard_after_forward(bool reshard, bool recurse = true);
+  // Off: the full parameters stay after this unit's backward, so that the next forward needs
+  // no gather (accumulation over micro-batches). They must be resharded before the optimizer
+  // steps: the end of a backward with it back on, or reshard().
+  void set_reshard_after_backward(bool reshard, bool recurse = true);
+  // Explicit prefetch: after this unit gathers for its forward (backward), the gathers of
+  // `units` are issued, in order, instead of the one the recorded order would pick.
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& units);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& units);
+  // Whether the next backward is the last before the optimizer step (default true): on the
+  // last backward FSDP finishes every reduction at its end; otherwise reductions may stay in
+  // flight into the next micro-batch (set on the root).
+  void set_is_last_backward(bool last);
+  // Gradients are divided by `factor` instead of the number of ranks (the shard group's size
+  // times the replicas). Not recursive.
+  void set_gradient_divide_factor(double factor);
+  // On: a unit of this tree whose parameters got no gradient on this rank in a backward still
+  // joins the reduce-scatter, with zeros, so that ranks whose graphs differ (an expert or a
+  // branch used on some ranks only) neither hang nor mismatch. Every rank must set the same.
+  void set_reduce_scatter_unused_params(bool on, bool recurse = true);
+
+  // This rank's accounting: the unit and every unit inside it, and its tree (stats.h).
+  MemoryStats memory_stats() const;
+  // This rank's communication time for the tree the unit belongs to.
+  CommStats comm_stats() const;
+
+ protected:
+  // The state, or InvalidArgument naming `what` when fully_shard was not applied.
+  std::shared_ptr<detail::UnitState> state(const char* what) const;
+
+  std::shared_ptr<torch::nn::Module> module_;
+};
 
 // A module held for FSDP: call it like the module; `->` reaches the module itself.
 template <typename Holder>
-class Unit {
+class Unit : public FSDPModule {
  public:
-  Unit() = default;
-  Unit(std::nullptr_t) {}                              // NOLINT: mirrors ModuleHolder
-  Unit(Holder holder) : holder_(std::move(holder)) {}  // NOLINT: implicit, like a holder
+  Unit() : Unit(nullptr) {}
+  Unit(std::nullptr_t) {}  // NOLINT: mirrors ModuleHolder
+  Unit(Holder holder)      // NOLINT: implicit, like a holder
+      : FSDPModule(holder.ptr()), holder_(std::move(holder)) {}
   // From register_module's result, so `units.push_back(register_module("b", Block(...)))`.
   Unit(std::shared_ptr<typename Holder::ContainedType> impl)  // NOLINT: implicit
-      : holder_(std::move(impl)) {}
+      : Unit(Holder(std::move(impl))) {}
 
   auto* operator->() { return holder_.get(); }
   const auto* operator->() const { return holder_.get(); }
   Holder& module() { return holder_; }
-  // This rank's parameter shards, each tensor once (unique_parameters): give these to the
-  // optimizer.
-  std::vector<at::Tensor> parameters() const { return unique_parameters(*holder_); }
   const Holder& module() const { return holder_; }
-  bool is_sharded() const { return detail::find_unit_state(holder_.get()) != nullptr; }
 
+  // The module's forward, through FSDP once it is sharded.
   template <typename... Args>
   auto operator()(Args&&... args) {
-    using Out = decltype(holder_->forward(std::forward<Args>(args)...));
-    auto state = detail::find_unit_state(holder_.get());
-    if (!state) return holder_->forward(std::forward<Args>(args)...);
-    const bool checkpoint = detail::checkpoints_forward(*state);
-    if constexpr (!detail::TensorOutputs<Out>::value) {
-      if (checkpoint) throw_not_checkpointable(typeid(Out).name());
-    }
-    detail::pre_forward(*state);
-    Out out = checkpoint ? checkpointed_forward<Out>(*state, std::forward<Args>(args)...)
-                         : holder_->forward(detail::cast_arg(*state, std::forward<Args>(args))...);
-    detail::visit_outputs(*state, out);
-    detail::post_forward(*state);
-    return out;
+    auto impl = holder_.ptr();
+    return run([impl](auto&&... a) { return impl->forward(std::forward<decltype(a)>(a)...); },
+               std::forward<Args>(args)...);
   }
 
-  // FSDP2's set_requires_gradient_sync. Off: the backwards that follow keep their gradients
-  // unsharded on every rank (full size, in the reduce dtype) instead of reduce-scattering
-  // them; the first backward with sync on again reduces everything accumulated, once. For
-  // gradient accumulation: off for all micro-batches but the last. `recurse` applies it to
-  // every unit inside as well. Throws InvalidArgument, changing nothing, while a backward of
-  // this unit's tree is running.
-  void set_requires_gradient_sync(bool sync, bool recurse = true) {
-    detail::set_requires_gradient_sync(*required_state(), sync, recurse);
+  // Another method of the module run as a forward (FSDP2's register_fsdp_forward_method):
+  // `unit.call(&EncoderImpl::encode, x)` gathers the parameters around it as forward does.
+  template <typename Method, typename... Args>
+  auto call(Method method, Args&&... args) {
+    auto impl = holder_.ptr();
+    return run(
+        [impl, method](auto&&... a) {
+          return ((*impl).*method)(std::forward<decltype(a)>(a)...);
+        },
+        std::forward<Args>(args)...);
   }
-
-  // Gathers this unit's full parameters now (blocking), as FSDP2's FSDPModule.unshard(); they
-  // stay until reshard() (or the end of the next backward).
-  void unshard() { detail::unshard(*required_state()); }
-  void reshard() { detail::reshard(*required_state()); }
-  // This rank's accounting for the unit and every unit inside it.
-  MemoryStats memory_stats() const { return detail::memory_stats(*required_state()); }
-  // This rank's communication time for the tree the unit belongs to.
-  CommStats comm_stats() const { return detail::comm_stats(*required_state()); }
 
  private:
-  std::shared_ptr<detail::UnitState> required_state() const;
-
-  // The forward through detail::run_checkpointed: tensor arguments become the recompute's
-  // inputs, others are kept by value for it.
-  template <typename Out, typename... Args>
-  Out checkpointed_forward(detail::UnitState& state, Args&&... args) {
+  template <typename F, typename... Args>
+  auto run(F f, Args&&... args) {
+    using Out = std::invoke_result_t<F&, Args&&...>;
+    static_assert(!std::is_reference_v<Out>,
+                  "fsdp::Unit: a method run through FSDP must return by value");
+    auto unit_state = module_ ? detail::unit_state_of(*module_) : nullptr;
+    if (!unit_state) return f(std::forward<Args>(args)...);
+    using Stored = std::tuple<std::decay_t<Args>...>;
+    auto stored = std::make_shared<Stored>(std::forward<Args>(args)...);
+    std::vector<at::Tensor> inputs;
+    detail::take_tensors(*stored, inputs);
+    detail::ForwardSpec spec{typeid(Out).name(), detail::TensorOutputs<Out>::value,
+                             std::is_copy_constructible_v<Stored>};
     if constexpr (detail::TensorOutputs<Out>::value) {
-      using Stored = std::tuple<std::decay_t<Args>...>;
-      auto stored = std::make_shared<Stored>(detail::cast_arg(state, std::forward<Args>(args))...);
-      std::vector<at::Tensor> inputs;
-      detail::take_tensors(*stored, inputs);
-      auto forward = [impl = holder_.ptr(), stored](const std::vector<at::Tensor>& tensors) {
-        Stored call = *stored;
-        detail::put_tensors(call, tensors);
-        return detail::flatten_outputs(
-            std::apply([&](auto&... a) { return impl->forward(a...); }, call));
+      detail::ForwardFn fn = [f, stored](const std::vector<at::Tensor>& tensors) mutable {
+        return detail::flatten_outputs(detail::apply_with_tensors(f, *stored, tensors));
       };
-      return detail::unflatten_outputs<Out>(detail::run_checkpointed(state, inputs, forward));
+      return detail::unflatten_outputs<Out>(
+          detail::run_forward(*unit_state, std::move(inputs), fn, spec));
+    } else if constexpr (std::is_void_v<Out>) {
+      detail::ForwardFn fn = [f, stored](const std::vector<at::Tensor>& tensors) mutable {
+        detail::apply_with_tensors(f, *stored, tensors);
+        return std::vector<at::Tensor>{};
+      };
+      detail::run_forward(*unit_state, std::move(inputs), fn, spec);
     } else {
-      throw_not_checkpointable(typeid(Out).name());
+      std::optional<Out> out;
+      detail::ForwardFn fn = [&out, f, stored](const std::vector<at::Tensor>& tensors) mutable {
+        out.emplace(detail::apply_with_tensors(f, *stored, tensors));
+        return std::vector<at::Tensor>{};
+      };
+      detail::run_forward(*unit_state, std::move(inputs), fn, spec);
+      return std::move(*out);
     }
   }
 
@@ -164,12 +246,14 @@ class Unit {
 // The module keeps its FSDP state in a parameterless child module named "fsdp_state", so the
 // state lives as long as the module does.
 // Throws InvalidArgument, before touching any parameter, when: the module was already sharded,
-// a child unit is sharded after its parent, its parameters mix dtypes, one is a scalar, a
-// parameter is not on pg's device type or not floating. A unit left with no parameters of its
-// own (all inside child units) is fine: it only coordinates.
+// a child unit is sharded after its parent, a tensor is shared with a unit outside it, its
+// parameters mix dtypes, one is a scalar, a parameter is not on pg's device type or not
+// floating. A unit left with no parameters of its own (all inside child units) is fine: it
+// only coordinates.
 template <typename Holder>
-Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions options = {}) {
-  detail::create_unit_state(holder.ptr(), std::move(pg), nullptr, std::move(options));
+Unit<Holder> fully_shard(Holder holder, const ProcessGroupPtr& pg,
+                         FullyShardOptions options = {}) {
+  detail::shard_module(holder.ptr(), flat_mesh(pg), std::move(options));
   return Unit<Holder>(std::move(holder));
 }
 
@@ -179,26 +263,20 @@ Unit<Holder> fully_shard(Holder holder, ProcessGroupPtr pg, FullyShardOptions op
 // overload above on mesh.shard.
 template <typename Holder>
 Unit<Holder> fully_shard(Holder holder, const DeviceMesh& mesh, FullyShardOptions options = {}) {
-  detail::create_unit_state(holder.ptr(), mesh.shard, mesh.replicate, std::move(options));
+  detail::shard_module(holder.ptr(), mesh, std::move(options));
   return Unit<Holder>(std::move(holder));
 }
 
 // The same for a module the model already holds as a Unit: `fully_shard(model->layers[i], pg)`.
 template <typename Holder>
-Unit<Holder> fully_shard(Unit<Holder>& unit, ProcessGroupPtr pg, FullyShardOptions options = {}) {
-  return fully_shard(unit.module(), std::move(pg), std::move(options));
+Unit<Holder> fully_shard(Unit<Holder>& unit, const ProcessGroupPtr& pg,
+                         FullyShardOptions options = {}) {
+  return fully_shard(unit.module(), pg, std::move(options));
 }
 template <typename Holder>
 Unit<Holder> fully_shard(Unit<Holder>& unit, const DeviceMesh& mesh,
                          FullyShardOptions options = {}) {
   return fully_shard(unit.module(), mesh, std::move(options));
-}
-
-template <typename Holder>
-std::shared_ptr<detail::UnitState> Unit<Holder>::required_state() const {
-  auto state = detail::find_unit_state(holder_.get());
-  if (!state) throw_not_sharded("Unit::unshard/reshard/memory_stats/comm_stats");
-  return state;
 }
 
 }  // namespace fsdp

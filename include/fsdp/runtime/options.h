@@ -1,9 +1,12 @@
-// Options of fully_shard (fully_shard.h).
+// Options of fully_shard (fully_shard.h), FSDP2's keyword arguments.
 #pragma once
 
-#include <optional>
+#include <ATen/ATen.h>
 
-#include "fsdp/mixed_precision.h"
+#include <optional>
+#include <vector>
+
+#include "fsdp/runtime/mixed_precision.h"
 
 namespace fsdp {
 
@@ -12,6 +15,12 @@ struct FullyShardOptions {
   // Free the full parameters after forward and gather them again for backward. Unset: true,
   // except for the root unit, which keeps them (it is the first to run backward).
   std::optional<bool> reshard_after_forward;
+  // FSDP2's reshard_after_forward as an int (ZeRO++'s hpZ): after forward, keep each parameter
+  // sharded over groups of this many consecutive ranks instead of freeing it, so that the
+  // backward's all-gather stays inside such a group (a machine) at the price of 1/ranks of the
+  // unit's full parameters per rank. 0: off. Otherwise a divisor of the shard group's size
+  // other than 1 and the size itself; fully_shard then splits the group (a collective).
+  int reshard_after_forward_ranks = 0;
   // Activation checkpointing: the unit's forward keeps only its inputs and records no graph;
   // backward gathers the parameters, recomputes the forward (with the random-number state of
   // the first run, so dropout draws the same mask) and backpropagates through it. Trades one
@@ -19,6 +28,9 @@ struct FullyShardOptions {
   // its fsdp::Unit, and its forward to return a Tensor, a vector of Tensors or a tuple of
   // Tensors.
   bool activation_checkpointing = false;
+  // Parameters of the module left as they are: not sharded, not gathered, their gradients not
+  // reduced (FSDP2's ignored_params). Each rank keeps and trains its own copy.
+  std::vector<at::Tensor> ignored_params = {};
 };
 
 }  // namespace fsdp

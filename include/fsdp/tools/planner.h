@@ -1,7 +1,7 @@
 // Planner: what a sharded training step will need per rank (memory) and per step
 // (communication), predicted from the model's units, the layout and the dtypes before renting
-// the machines, with the same arithmetic the runtime uses (ceil(d0 / shards) rows per rank,
-// padded flat buffers, the unit schedule of fully_shard.h). bench/RESULTS.md holds it against
+// the machines, with the arithmetic the runtime itself uses (fsdp/runtime/layout.h: rows per
+// rank, padded flat buffers, the backward schedule). bench/RESULTS.md holds it against
 // measured runs.
 //
 //   fsdp::plan::PlanRequest req;  req.units = ...;  req.layout = {64, 8, 8};
@@ -15,15 +15,15 @@
 //   unit's (one at a time: a prefetched unit holds only its gather's buffers), in the compute
 //   dtype;
 // - communication buffers: the flat send and receive buffers of the collectives alive at once
-//   (in backward: the prefetched gather, two reduce-scatters, with hybrid sharding an
-//   all-reduce of a reduced shard, as UnitState::track_reduction allows). CPU runs keep freed
-//   buffers in a pool by size, so these high-water marks stay allocated for the whole run: the
-//   model adds them;
+//   (in backward: kGathersAhead prefetched gathers and kReductionsInFlight reduce-scatters,
+//   with hybrid sharding an all-reduce of a reduced shard). CPU runs keep freed buffers in a
+//   pool by size, so these high-water marks stay allocated for the whole run: the model adds
+//   them;
 // - activations: what the units' forwards keep for backward (checkpointed units: their
 //   inputs only, plus one unit's activations during its recompute), plus the step's transient
 //   (the loss's gradients); the gradient shards fill in as the activations are freed, and at
-//   the end of backward autograd's full gradients of the largest unit (the root) wait for
-//   their reduce-scatter, so the step peaks at the larger of the two moments.
+//   the end of backward the full gradients of the largest unit (the root) wait for their
+//   reduce-scatter, so the step peaks at the larger of the two moments.
 // Communication: each collective's count per step, size, and time from a CommModel.
 #pragma once
 
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "fsdp/errors.h"
+#include "fsdp/runtime/layout.h"
 
 namespace fsdp::plan {
 
@@ -44,10 +45,8 @@ class PlanError : public Error {
   using Error::Error;
 };
 
-struct ParamShape {
-  int64_t dim0 = 0;       // rows: the dimension that is sharded
-  int64_t row_numel = 1;  // elements per row (product of the other dimensions)
-};
+// A parameter: rows of dim 0 (the dimension that is sharded) and elements per row.
+using ParamShape = fsdp::ParamShape;
 
 struct UnitSpec {
   std::string name;
@@ -138,6 +137,10 @@ struct Plan {
 // Throws InvalidArgument for a layout that does not divide the world (or hosts that do not
 // divide it), PlanError when capacity_bytes is set and the total exceeds it.
 Plan make_plan(const PlanRequest& request);
+// Its two halves: memory per rank, and the collectives per step (empty when one rank moves
+// nothing).
+MemoryPlan plan_memory(const PlanRequest& request);
+std::vector<CollectivePlan> plan_collectives(const PlanRequest& request);
 // A table of the memory per rank and of the collectives per step.
 std::string format_plan(const PlanRequest& request, const Plan& plan);
 // The same as one JSON object (bytes and seconds).

@@ -3,7 +3,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include "fsdp/errors.h"
-#include "profile/range.h"
+#include "tools/range.h"
 
 namespace fsdp::detail {
 

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <thread>
 
-#include "fsdp/work.h"
+#include "fsdp/comm/work.h"
 
 namespace fsdp::detail {
 

@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "fsdp/process_group.h"
+#include "fsdp/comm/process_group.h"
 
 namespace fsdp::detail {
 

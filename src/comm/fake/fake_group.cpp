@@ -1,4 +1,4 @@
-#include "fsdp/fake_group.h"
+#include "fsdp/comm/fake_group.h"
 
 #include "comm/detail/op_queue.h"
 
@@ -10,7 +10,7 @@ class FakeProcessGroup final : public ProcessGroup {
   FakeProcessGroup(int rank, int size, at::DeviceType device)
       : ProcessGroup(rank, size), device_(device) {}
 
-  std::string backend_name() const override { return "fake"; }
+  Backend backend() const override { return Backend::kFake; }
   at::DeviceType device_type() const override { return device_; }
 
  protected:

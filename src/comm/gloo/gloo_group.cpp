@@ -9,8 +9,9 @@
 
 #include "comm/detail/op_queue.h"
 #include "comm/detail/reduce_util.h"
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace {
@@ -29,7 +30,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
   }
 
-  std::string backend_name() const override { return "gloo"; }
+  Backend backend() const override { return Backend::kGloo; }
   at::DeviceType device_type() const override { return at::kCPU; }
 
  protected:

@@ -1,7 +1,7 @@
 // The "local" backend: N ranks as N threads sharing memory. Each collective is a rendezvous:
 // every rank posts its tensors, waits for all (phase A), computes its own result by reading
 // the peers' inputs, then waits again (phase B) so no rank reuses an input a peer still reads.
-#include "fsdp/local_group.h"
+#include "fsdp/comm/local_group.h"
 
 #include <algorithm>
 #include <map>
@@ -11,6 +11,7 @@
 #include "comm/detail/op_queue.h"
 #include "comm/detail/reduce_util.h"
 #include "fsdp/errors.h"
+#include "util/check.h"
 
 namespace fsdp {
 namespace {
@@ -95,7 +96,7 @@ class LocalProcessGroup final : public ProcessGroup {
   LocalProcessGroup(int rank, std::shared_ptr<LocalWorld> world)
       : ProcessGroup(rank, world->size()), world_(std::move(world)) {}
 
-  std::string backend_name() const override { return "local"; }
+  Backend backend() const override { return Backend::kLocal; }
   at::DeviceType device_type() const override { return at::kCPU; }
 
  protected:

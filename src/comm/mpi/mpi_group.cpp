@@ -7,7 +7,7 @@
 #include "comm/detail/op_queue.h"
 #include "comm/detail/reduce_util.h"
 #include "comm/mpi/mpi_runtime.h"
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
 
 namespace fsdp {
@@ -56,7 +56,7 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Comm_free(&comm_);
   }
 
-  std::string backend_name() const override { return "mpi"; }
+  Backend backend() const override { return Backend::kMpi; }
   at::DeviceType device_type() const override { return at::kCPU; }
 
  protected:

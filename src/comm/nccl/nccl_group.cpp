@@ -15,9 +15,10 @@
 
 #include "comm/detail/reduce_util.h"
 #include "comm/nccl/cuda_check.h"
-#include "fsdp/backends.h"
+#include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
-#include "profile/range.h"
+#include "util/check.h"
+#include "tools/range.h"
 
 namespace fsdp {
 namespace {
@@ -147,7 +148,7 @@ class NcclProcessGroup final : public ProcessGroup {
     cudaStreamDestroy(stream_);
   }
 
-  std::string backend_name() const override { return "nccl"; }
+  Backend backend() const override { return Backend::kNccl; }
   at::DeviceType device_type() const override { return at::kCUDA; }
 
  protected:
@@ -216,7 +217,7 @@ class NcclProcessGroup final : public ProcessGroup {
     });
   }
 
-  at::Device collective_device() const override {
+  at::Device device() const override {
     return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_));
   }
 

@@ -6,7 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "fsdp/planner.h"
+#include "fsdp/tools/planner.h"
+#include "util/check.h"
 
 namespace fsdp::plan {
 

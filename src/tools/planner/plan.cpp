@@ -1,35 +1,15 @@
-// make_plan (planner.h): the runtime's sharding arithmetic and unit schedule, counted ahead.
-#include "fsdp/planner.h"
-
+// make_plan (planner.h): the memory and collectives halves, checked against the capacity,
+// and their table and JSON.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "fsdp/sharding.h"
+#include "fsdp/tools/planner.h"
+#include "tools/planner/request.h"
+#include "util/check.h"
 
 namespace fsdp::plan {
-namespace {
-
-// Sizes of one unit under the layout (elements unless said otherwise).
-struct UnitSizes {
-  int64_t full = 0;    // every parameter's full elements
-  int64_t padded = 0;  // elements each rank contributes to the unit's flat buffers
-  int64_t rows0 = 0;   // elements of rank 0's shards (the largest)
-};
-
-UnitSizes sizes_of(const UnitSpec& u, int shards) {
-  UnitSizes s;
-  for (const auto& p : u.params) {
-    const auto r = shard_range(p.dim0, shards, 0);
-    s.full += p.dim0 * p.row_numel;
-    s.padded += r.rows_per_rank * p.row_numel;
-    s.rows0 += r.rows() * p.row_numel;
-  }
-  return s;
-}
-
-double gib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
+namespace detail {
 
 void check_request(const PlanRequest& r) {
   const Layout& l = r.layout;
@@ -47,128 +27,30 @@ void check_request(const PlanRequest& r) {
   }
 }
 
+std::vector<UnitSizes> sizes_of(const PlanRequest& r) {
+  std::vector<UnitSizes> out;
+  for (const auto& u : r.units) out.push_back(unit_sizes(u.params, r.layout.shards()));
+  return out;
+}
+
+bool passthrough(const PlanRequest& r) {
+  const Dtypes& d = r.dtypes;
+  return r.layout.shards() == 1 && r.layout.replicas == 1 && d.compute_bytes == d.param_bytes &&
+         d.reduce_bytes == d.param_bytes;
+}
+
+}  // namespace detail
+
+namespace {
+double gib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024 * 1024); }
 }  // namespace
 
 Plan make_plan(const PlanRequest& r) {
-  check_request(r);
-  const Layout& l = r.layout;
-  const Dtypes& d = r.dtypes;
-  const int shards = l.shards();
-  const bool hybrid = l.replicas > 1;
-  // One rank holding everything in its own dtype moves nothing (ParamGroup's passthrough).
-  const bool passthrough =
-      shards == 1 && !hybrid && d.compute_bytes == d.param_bytes && d.reduce_bytes == d.param_bytes;
-
   Plan plan;
-  MemoryPlan& m = plan.memory;
-  std::vector<UnitSizes> sizes;
-  for (const auto& u : r.units) sizes.push_back(sizes_of(u, shards));
-  for (const auto& s : sizes) m.param_shards += s.rows0 * d.param_bytes;
-  m.grad_shards = m.param_shards;
-  m.optimizer_states = r.optimizer_states * m.param_shards;
-
-  // Units other than the root (the blocks): the largest sets the buffers' sizes. Blocks that
-  // keep their parameters from forward to backward (reshard_after_forward false) hold them
-  // all at once; the others one at a time.
-  int64_t block_full = 0, block_padded = 0, kept_full = 0;
-  for (size_t i = 1; i < sizes.size(); ++i) {
-    block_padded = std::max(block_padded, sizes[i].padded);
-    if (r.units[i].reshard_after_forward) {
-      block_full = std::max(block_full, sizes[i].full);
-    } else {
-      kept_full += sizes[i].full;
-    }
-  }
-  const int64_t blocks = static_cast<int64_t>(sizes.size()) - 1;
-  if (!passthrough) {
-    // Full parameters exist from a unit's wait for its gather to its reshard: the root's from
-    // its forward to the end of backward, one block's at a time (a prefetched block holds only
-    // its gather's buffers until its turn), and every block's that is kept.
-    m.gathered_params = (sizes[0].full + kept_full + block_full) * d.compute_bytes;
-    // Buffers of one collective: send and receive, (1 + shards) x padded elements either way.
-    const auto set_bytes = [&](int64_t padded, int bytes) { return (1 + shards) * padded * bytes; };
-    // In backward, at block i: the prefetched gather of block i - 1, the reduce-scatter of
-    // block i and the one of block i + 1 still in flight, and with hybrid sharding the
-    // all-reduce of block i + 2, which keeps only the reduced shard (UnitState::
-    // track_reduction, ParamGroup::start_all_reduce). The pool keeps buffers by size and dtype,
-    // so with one dtype gathers and reductions share them: the most alive at once.
-    const int64_t reduced_shard = block_padded * d.reduce_bytes;
-    int64_t block_sets = 0;
-    if (d.compute_bytes == d.reduce_bytes) {
-      block_sets = set_bytes(block_padded, d.reduce_bytes) * std::min<int64_t>(blocks, 3) +
-                   (hybrid && blocks >= 4 ? reduced_shard : 0);
-    } else {
-      block_sets = set_bytes(block_padded, d.compute_bytes) * std::min<int64_t>(blocks, 1) +
-                   set_bytes(block_padded, d.reduce_bytes) * std::min<int64_t>(blocks, 2) +
-                   (hybrid && blocks >= 3 ? reduced_shard : 0);
-    }
-    // The root gathers once (it keeps its parameters through backward) and reduces last.
-    const int64_t root_sets = d.compute_bytes == d.reduce_bytes
-                                  ? set_bytes(sizes[0].padded, d.reduce_bytes)
-                                  : set_bytes(sizes[0].padded, d.compute_bytes) +
-                                        set_bytes(sizes[0].padded, d.reduce_bytes);
-    m.comm_buffers = root_sets + block_sets;
-  }
-
-  int64_t kept = 0, recompute = 0;
-  for (const auto& u : r.units) {
-    kept += u.checkpointed ? u.checkpoint_input_bytes : u.activation_bytes;
-    if (u.checkpointed) recompute = std::max(recompute, u.activation_bytes);
-  }
-  m.activations = kept + recompute + r.transient_bytes;
-  // Accumulation without sync keeps every unit's full gradient, in the reduce dtype.
-  int64_t unsharded_grads = 0;
-  if (r.micro_batches > 1 && !r.reduce_every_micro_batch && !passthrough) {
-    for (const auto& s : sizes) unsharded_grads += s.full * d.reduce_bytes;
-  }
-  // Backward starts with every activation alive and no gradient (zero_grad frees them); it
-  // ends with the activations freed and every gradient shard present, beside autograd's full
-  // gradients of the last unit (the root, the largest) before its reduce-scatter. The step
-  // peaks at the larger of the two.
-  int64_t largest_full = 0;
-  for (const auto& s : sizes) largest_full = std::max(largest_full, s.full);
-  const int64_t end_of_backward =
-      m.grad_shards + (passthrough ? 0 : largest_full * d.compute_bytes);
-  m.total = m.param_shards + m.optimizer_states + m.gathered_params + m.comm_buffers +
-            unsharded_grads + std::max(m.activations, end_of_backward);
-
-  if (!passthrough) {
-    const int rph = l.ranks_per_host;
-    const bool shard_crosses = rph > 0 && (shards > rph || rph % shards != 0);
-    const bool replicate_crosses = rph > 0 && l.world > rph;
-    CollectivePlan ag{"shard", Op::kAllGather, shards}, rs{"shard", Op::kReduceScatter, shards},
-        ar{"replicate", Op::kAllReduce, l.replicas};
-    for (size_t i = 0; i < r.units.size(); ++i) {
-      const auto& u = r.units[i];
-      if (u.params.empty()) continue;
-      const int64_t padded = sizes[i].padded;
-      // Forward gathers every unit per micro-batch; backward gathers again those freed after
-      // forward; gradients are reduced once per step (or per micro-batch).
-      const int64_t gathers = r.micro_batches * (u.reshard_after_forward ? 2 : 1);
-      const int64_t reductions = r.reduce_every_micro_batch ? r.micro_batches : 1;
-      const int64_t ag_bytes = shards * padded * d.compute_bytes;
-      const int64_t rs_bytes = shards * padded * d.reduce_bytes;
-      ag.calls_per_step += gathers;
-      ag.bytes_per_step += gathers * ag_bytes;
-      ag.seconds_per_step +=
-          gathers * r.comm.seconds(Op::kAllGather, shards, ag_bytes, shard_crosses);
-      rs.calls_per_step += reductions;
-      rs.bytes_per_step += reductions * rs_bytes;
-      rs.seconds_per_step +=
-          reductions * r.comm.seconds(Op::kReduceScatter, shards, rs_bytes, shard_crosses);
-      if (hybrid) {
-        const int64_t ar_bytes = padded * d.reduce_bytes;
-        ar.calls_per_step += reductions;
-        ar.bytes_per_step += reductions * ar_bytes;
-        ar.seconds_per_step +=
-            reductions * r.comm.seconds(Op::kAllReduce, l.replicas, ar_bytes, replicate_crosses);
-      }
-    }
-    plan.collectives = {ag, rs};
-    if (hybrid) plan.collectives.push_back(ar);
-    for (const auto& c : plan.collectives) plan.comm_seconds_per_step += c.seconds_per_step;
-  }
-
+  plan.memory = plan_memory(r);
+  plan.collectives = plan_collectives(r);
+  for (const auto& c : plan.collectives) plan.comm_seconds_per_step += c.seconds_per_step;
+  const MemoryPlan& m = plan.memory;
   if (r.capacity_bytes > 0 && m.total > r.capacity_bytes) {
     throw PlanError(fmt::format(
         "does not fit: a rank needs {:.2f} GiB (parameter shards {:.2f}, gradient shards {:.2f}, "
@@ -177,7 +59,7 @@ Plan make_plan(const PlanRequest& r) {
         "(fewer replicas), checkpoint activations or shrink the batch",
         gib(m.total), gib(m.param_shards), gib(m.grad_shards), gib(m.optimizer_states),
         gib(m.gathered_params), gib(m.comm_buffers), gib(m.activations), gib(r.capacity_bytes),
-        shards));
+        r.layout.shards()));
   }
   return plan;
 }

@@ -1,0 +1,115 @@
+# Helpers for the project's own programs (examples, tests, benchmarks, fuzz replays) and tests.
+#
+# Most of a build's time is the compiler parsing libtorch's headers, once per translation unit.
+# Every program reuses one precompiled header of them (fsdp_program_pch), and the library has
+# its own; ccache, when installed, caches the rest.
+
+option(FSDP_PCH "Precompile libtorch's headers for the library and the programs" ON)
+
+# Object libraries compile the programs' precompiled headers once; programs reuse them
+# (REUSE_FROM needs the same flags and definitions, which fsdp_program gives every program):
+# one for programs, one with GoogleTest (whose target adds definitions) for tests.
+function(fsdp_setup_program_pch)
+  if(NOT FSDP_PCH)
+    return()
+  endif()
+  add_library(fsdp_program_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+  target_link_libraries(fsdp_program_pch PRIVATE fsdp::fsdp)
+  fsdp_program_flags(fsdp_program_pch)
+  target_precompile_headers(fsdp_program_pch PRIVATE <torch/torch.h> <fmt/format.h>)
+  if(FSDP_BUILD_TESTS)
+    add_library(fsdp_test_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
+    target_link_libraries(fsdp_test_pch PRIVATE fsdp::fsdp GTest::gtest)
+    fsdp_program_flags(fsdp_test_pch)
+    target_precompile_headers(fsdp_test_pch PRIVATE <torch/torch.h> <fmt/format.h>
+                              <gtest/gtest.h>)
+  endif()
+endfunction()
+
+function(fsdp_program_flags target)
+  # fmt comes header-only from libtorch's include directory (FsdpDependencies.cmake).
+  target_compile_definitions(${target} PRIVATE FMT_HEADER_ONLY)
+  target_compile_options(${target} PRIVATE -Wall -Wextra
+                                           $<$<BOOL:${FSDP_WARNINGS_AS_ERRORS}>:-Werror>)
+endfunction()
+
+# fsdp_program(<target> [TEST]): a program of this project, linked to the library, with the
+# shared flags and precompiled header (TEST: the one with GoogleTest, for programs linking it).
+function(fsdp_program target)
+  target_link_libraries(${target} PRIVATE fsdp::fsdp)
+  fsdp_program_flags(${target})
+  set(_pch fsdp_program_pch)
+  if("${ARGN}" STREQUAL "TEST")
+    set(_pch fsdp_test_pch)
+    target_link_libraries(${target} PRIVATE GTest::gtest)
+  endif()
+  if(TARGET ${_pch})
+    target_precompile_headers(${target} REUSE_FROM ${_pch})
+  endif()
+endfunction()
+
+# fsdp_add_test(<name> <kind> ...): the one way to add a test.
+#
+#   fsdp_add_test(<target> GTEST SOURCES <src>... [LIBS <lib>...])
+#       a GoogleTest binary built from SOURCES; one ctest entry per test case.
+#   fsdp_add_test(<name> MPI TARGET <target> NP <n>... [ARGS <arg>...])
+#       <target> under mpiexec -n <n>, one entry per n: <name>_np<n>.
+#   fsdp_add_test(<name> LAUNCH TARGET <target> NP <n>... [ARGS <arg>...])
+#       <target> under scripts/launch.sh --nproc <n> (torchrun's variables, Gloo): <name>_np<n>.
+#   fsdp_add_test(<name> COMMAND <command> <arg>...)
+#       any command: a script, a Python reference, a program.
+#
+# Every kind takes [TIMEOUT <s>] [PROCESSORS <n>] [ENV <k=v>...] [SKIP_RETURN_CODE <c>]
+# [RUN_SERIAL]. Tests run with one intra-op thread per process: ranks share the cores.
+function(fsdp_add_test name kind)
+  cmake_parse_arguments(T "RUN_SERIAL" "TARGET;TIMEOUT;PROCESSORS;SKIP_RETURN_CODE"
+                        "SOURCES;LIBS;NP;ARGS;ENV;COMMAND" ${ARGN})
+  if(kind STREQUAL "COMMAND")
+    set(T_COMMAND ${T_UNPARSED_ARGUMENTS} ${T_COMMAND})
+  endif()
+  set(_env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ${T_ENV})
+  # One ENVIRONMENT value holding a list: its separators escaped inside the property list.
+  string(REPLACE ";" "\\;" _env "${_env}")
+  set(_props ENVIRONMENT "${_env}")
+  foreach(p TIMEOUT PROCESSORS SKIP_RETURN_CODE)
+    if(T_${p})
+      list(APPEND _props ${p} ${T_${p}})
+    endif()
+  endforeach()
+  if(T_RUN_SERIAL)
+    list(APPEND _props RUN_SERIAL TRUE)
+  endif()
+
+  if(kind STREQUAL "GTEST")
+    add_executable(${name} ${T_SOURCES})
+    fsdp_program(${name} TEST)
+    target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${_props})
+  elseif(kind STREQUAL "MPI" OR kind STREQUAL "LAUNCH")
+    foreach(np ${T_NP})
+      if(kind STREQUAL "MPI")
+        set(_launcher ${MPIEXEC_EXECUTABLE} ${FSDP_MPIEXEC_FLAGS} -n ${np})
+      else()
+        set(_launcher ${PROJECT_SOURCE_DIR}/scripts/launch.sh --nproc ${np})
+      endif()
+      add_test(NAME ${name}_np${np} COMMAND ${_launcher} $<TARGET_FILE:${T_TARGET}> ${T_ARGS})
+      set_tests_properties(${name}_np${np} PROPERTIES ${_props})
+    endforeach()
+  elseif(kind STREQUAL "COMMAND")
+    add_test(NAME ${name} COMMAND ${T_COMMAND})
+    set_tests_properties(${name} PROPERTIES ${_props})
+  else()
+    message(FATAL_ERROR "fsdp_add_test(${name}): unknown kind ${kind}")
+  endif()
+endfunction()
+
+# fsdp_test_program(<target> <src>... [LIBS <lib>...]): a test binary with its own main (run
+# by fsdp_add_test's MPI, LAUNCH or COMMAND kinds), with GoogleTest.
+function(fsdp_test_program target)
+  cmake_parse_arguments(P "" "" "LIBS" ${ARGN})
+  add_executable(${target} ${P_UNPARSED_ARGUMENTS})
+  fsdp_program(${target} TEST)
+  target_link_libraries(${target} PRIVATE ${P_LIBS})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+endfunction()

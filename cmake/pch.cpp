@@ -1,0 +1,1 @@
+// The translation unit that compiles the programs' precompiled header (cmake/FsdpPrograms.cmake).
