@@ -24,6 +24,7 @@
 // checkpoint and io: sharded checkpoints, safetensors files and export
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/io/safetensors.h"
 
 // optim: the fused AdamW, clipping by the global norm
