@@ -442,6 +442,8 @@ def cmd_train(a):
     read_tokens(a.data_tokens, a.tokens_dtype)  # fail early, in this process
     if a.val_tokens:
         read_tokens(a.val_tokens, a.tokens_dtype)
+    if "RANK" in os.environ:  # under torchrun or scripts/launch.sh: the launcher's world
+        a.world = int(os.environ["WORLD_SIZE"])
     if a.world < 1 or a.batch < 1 or a.steps < 1 or a.seq < 1:
         raise Fail("--world, --batch, --steps and --seq must be positive")
     if a.batch % a.world:
