@@ -9,7 +9,7 @@
 #
 # llama.cpp: llama-cpp-python's source release (which vendors llama.cpp and its
 # convert_hf_to_gguf.py) is downloaded once into $FSDP_CACHE/llama-cpp, built into a wheel once
-# (CPU only; about 10 to 16 minutes on 2 cores) and installed into the project's venv; a later
+# (CPU only; 16 to 18 minutes measured on a busy 2-core machine) and installed into the project's venv; a later
 # run reuses the wheel. The converter needs a SentencePiece tokenizer.model beside the weights:
 # --tokenizer copies one in (scripts/tokenize.py writes one when it trains its own).
 # ExecuTorch: executorch 1.2.0 (the release built against torch 2.11) goes into a separate venv,
@@ -78,7 +78,7 @@ if [ "$skip_llamacpp" = 0 ]; then
   fi
   wheel=$(ls "$lc/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON-"*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
-    echo "== building llama-cpp-python $LLAMA_CPP_PYTHON (CPU; ~10-16 min on 2 cores; log $lc/build.log)"
+    echo "== building llama-cpp-python $LLAMA_CPP_PYTHON (CPU; ~16-18 min on 2 busy cores; log $lc/build.log)"
     t0=$(now)
     CMAKE_ARGS="-DGGML_CUDA=OFF -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
       "$py" -m pip wheel --no-deps -w "$lc/wheels" "$sdist" > "$lc/build.log" 2>&1 ||
