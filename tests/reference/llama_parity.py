@@ -1,0 +1,244 @@
+"""Parity of the C++ Llama trainer with Hugging Face transformers (and PyTorch FSDP2): both start
+from the same tiny LlamaForCausalLM (written here by hf_llama.py make-tiny: GQA, vocab 1001 that
+divides by neither 2, 3 nor 4, tied or untied head) and train on the same token file by the shared
+batch rules; the per-step losses (and learning rates) must agree within the tolerance, and the loss
+must move. --check logits instead compares the logits of the first validation windows.
+
+  python llama_parity.py --cpp build/bin/train_llama --world 2 [--tied] \
+      [--launcher mpi|gloo|none] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
+  python llama_parity.py --cpp build/bin/train_llama --check logits [--count 4]
+  python llama_parity.py --cpp-standin --world 2       self-test: no C++ binary (see below)
+
+The reference is hf_llama.py train: FSDP2 (fully_shard on every decoder layer, then the root) over
+gloo at --world ranks, one plain process at world 1 (--ref-world / --ref-mode choose otherwise).
+The C++ side runs as
+  train_llama --hf-dir --data-tokens --seq --batch --steps --lr --warmup --lr-schedule
+              --weight-decay --seed --threads=1 --optimizer=fused-adamw --metrics-out
+under mpiexec -n W (--launcher mpi), scripts/launch.sh --nproc W (gloo) or alone (none, world 1);
+--check logits runs train_llama --eval-only --hf-dir --val-tokens --seq --dump-logits OUT --count K
+and reads the safetensors tensor "logits" [K, seq, vocab] fp32.
+
+--cpp-standin replaces the C++ program with a second reference run, so this script is tested
+without the binary: losses from hf_llama.py train --mode fsdp2 (--standin-mode) at --world against
+one plain process (the reference defaults to world 1 then); logits from MLX (mlx_lm's llama)
+against transformers.
+
+Tolerances (relative): losses, worst step, 1e-5; logits, max |diff| / max |logit|, 1e-5.
+Exits 0 on agreement, 1 on a mismatch or a loss that did not move, 2 on a usage error.
+"""
+import argparse, json, os, subprocess, sys, tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+HF_LLAMA = os.path.join(HERE, "hf_llama.py")
+sys.path.insert(0, HERE)
+import hf_llama  # noqa: E402
+
+# GQA (4 query heads over 2 KV heads); vocab 1001 makes uneven shards at every world size.
+SIZES = dict(vocab=1001, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160)
+SEQ, GLOBAL_BATCH = 32, 8
+TOLERANCE = {"losses": 1e-5, "logits": 1e-5}
+
+
+def run(cmd, env, finished_marker=None):
+    """The command's stdout; exits on failure. A PyTorch run that printed `finished_marker` (its
+    RESULT line, after the last step) and then failed is accepted with a warning: gloo's teardown
+    in torch 2.11 occasionally aborts at exit (std::terminate), after all results are out."""
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        sys.exit(f"not found: {cmd[0]}")
+    if done.returncode != 0:
+        if finished_marker and finished_marker in done.stdout:
+            print(f"warning: exit status {done.returncode} after the run finished: "
+                  f"{done.stderr.strip().splitlines()[-1:]}")
+        else:
+            sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def write_tokens(path, count, vocab, seed):
+    """A random walk over the vocabulary (steps of 1..3): learnable, so the loss falls quickly
+    from the random model's, unlike uniform random ids."""
+    rng = np.random.default_rng(seed)
+    walk = (rng.integers(0, vocab) + np.cumsum(rng.integers(1, 4, count))) % vocab
+    walk.astype("<u2").tofile(path)
+
+
+def read_metrics(path, who):
+    if not os.path.isfile(path):
+        sys.exit(f"{who} wrote no metrics file {path}")
+    steps = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}:{n}: not JSON ({e}): {line.strip()[:80]}")
+            if "loss" in record:
+                steps[int(record["step"])] = record
+    return [steps[s] for s in sorted(steps)]
+
+
+def launch(a, program):
+    if a.world == 1 or a.launcher == "none":
+        if a.world != 1:
+            sys.exit("--launcher none runs one process: use --world 1")
+        return program
+    if a.launcher == "mpi":
+        return a.mpiexec + ["-n", str(a.world)] + program
+    return [os.path.join(ROOT, "scripts", "launch.sh"), "--nproc", str(a.world)] + program
+
+
+def check_losses(a, tmp, hf_dir, train, val, env):
+    common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}",
+              f"--batch={GLOBAL_BATCH}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
+              f"--lr-schedule={a.lr_schedule}", f"--weight-decay={a.weight_decay}", f"--seed={a.seed}"]
+    ref_metrics = os.path.join(tmp, "reference.jsonl")
+    ref_mode = a.ref_mode or ("local" if a.ref_world == 1 else "fsdp2")
+    run([sys.executable, HF_LLAMA, "train", *common, f"--world={a.ref_world}", f"--mode={ref_mode}",
+         f"--metrics-out={ref_metrics}", f"--port={20000 + os.getpid() % 20000}"], env, "RESULT ")
+    ref_name = f"transformers {ref_mode} x{a.ref_world}"
+
+    other_metrics = os.path.join(tmp, "other.jsonl")
+    if a.cpp_standin:
+        other_name = f"standin {a.standin_mode} x{a.world}"
+        run([sys.executable, HF_LLAMA, "train", *common, f"--world={a.world}",
+             f"--mode={a.standin_mode}", f"--metrics-out={other_metrics}",
+             f"--port={20000 + (os.getpid() + 7919) % 20000}"], env, "RESULT ")
+    else:
+        other_name = f"fsdp-cpp x{a.world}"
+        run(launch(a, [a.cpp, *common, "--threads=1", "--optimizer=fused-adamw",
+                       f"--metrics-out={other_metrics}"]), env)
+    want, got = read_metrics(ref_metrics, ref_name), read_metrics(other_metrics, other_name)
+    if len(want) != a.steps or len(got) != a.steps:
+        sys.exit(f"expected {a.steps} losses, got {len(want)} ({ref_name}), {len(got)} ({other_name})")
+
+    print(f"{'tied' if a.tied else 'untied'} head, {ref_name} against {other_name}")
+    print(f"{'step':>4} {'lr':>12} {ref_name:>24} {other_name:>24} {'rel err':>10}")
+    worst, lr_bad = 0.0, []
+    for w, g in zip(want, got):
+        err = abs(g["loss"] - w["loss"]) / abs(w["loss"])
+        worst = max(worst, err)
+        if "lr" in g and abs(g["lr"] - w["lr"]) > 1e-6 * abs(w["lr"]) + 1e-12:
+            lr_bad.append((w["step"], w["lr"], g["lr"]))
+        print(f"{w['step']:>4} {w['lr']:>12.6g} {w['loss']:>24.9g} {g['loss']:>24.9g} {err:>10.2e}")
+    first, last = want[0]["loss"], want[-1]["loss"]
+    ok = worst <= TOLERANCE["losses"]
+    # A run whose loss never moves would agree trivially: the training must change it.
+    moved = abs(last - first) > 100 * TOLERANCE["losses"] * abs(first)
+    print(f"worst relative error {worst:.3g} (tolerance {TOLERANCE['losses']:g}); "
+          f"loss {first:.5f} -> {last:.5f}")
+    for step, w, g in lr_bad:
+        print(f"step {step}: learning rate {g:.9g}, the reference's {w:.9g}")
+    if not moved:
+        print("the loss barely moved: the comparison would prove nothing")
+    return ok and moved and not lr_bad
+
+
+def check_logits(a, tmp, hf_dir, train, val, env):
+    ref_out = os.path.join(tmp, "reference.safetensors")
+    run([sys.executable, HF_LLAMA, "logits", f"--hf-dir={hf_dir}", f"--tokens={val}", f"--seq={SEQ}",
+         f"--count={a.count}", f"--out={ref_out}"], env)
+    other_out = os.path.join(tmp, "other.safetensors")
+    if a.cpp_standin:
+        other_name = "MLX (standin)"
+        run([sys.executable, HF_LLAMA, "logits", f"--hf-dir={hf_dir}", f"--tokens={val}",
+             f"--seq={SEQ}", f"--count={a.count}", f"--out={other_out}", "--framework=mlx"], env)
+    else:
+        other_name = "fsdp-cpp"
+        run([a.cpp, "--eval-only", f"--hf-dir={hf_dir}", f"{a.cpp_val_flag}={val}", f"--seq={SEQ}",
+             f"--dump-logits={other_out}", f"--count={a.count}", "--threads=1"], env)
+    if not os.path.isfile(other_out):
+        sys.exit(f"{other_name} wrote no {other_out}")
+    from safetensors.torch import load_file
+    want = load_file(ref_out)["logits"]
+    tensors = load_file(other_out)
+    if "logits" not in tensors:
+        sys.exit(f"{other_out}: no tensor 'logits' (has {sorted(tensors)})")
+    got = tensors["logits"].float()
+    if tuple(got.shape) != tuple(want.shape):
+        sys.exit(f"logits shape {list(got.shape)} ({other_name}), expected {list(want.shape)}")
+    scale = want.abs().max().item()
+    print(f"{'tied' if a.tied else 'untied'} head, logits of {a.count} windows of {SEQ}, "
+          f"vocab {want.shape[-1]}: transformers against {other_name}")
+    print(f"{'window':>6} {'max |diff|':>12} {'max |logit|':>12} {'rel err':>10}")
+    worst = 0.0
+    for k in range(want.shape[0]):
+        diff = (got[k] - want[k]).abs().max().item()
+        worst = max(worst, diff / scale)
+        print(f"{k:>6} {diff:>12.4g} {want[k].abs().max().item():>12.5g} {diff / scale:>10.2e}")
+    # Logits that are all alike would agree trivially: the model must tell positions apart.
+    spread = want.std(dim=-1).mean().item()
+    print(f"worst relative error {worst:.3g} (tolerance {TOLERANCE['logits']:g}); "
+          f"mean std of a position's logits {spread:.4f}")
+    if spread < 0.1:
+        print("the logits barely vary: the comparison would prove little")
+    return worst <= TOLERANCE["logits"] and spread >= 0.1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    side = p.add_mutually_exclusive_group(required=True)
+    side.add_argument("--cpp", help="the train_llama binary")
+    side.add_argument("--cpp-standin", action="store_true",
+                      help="self-test: a second reference run stands in for the C++ program")
+    p.add_argument("--check", choices=["losses", "logits"], default="losses")
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0, help="seed of the batch draws")
+    p.add_argument("--count", type=int, default=4, help="--check logits: windows compared")
+    p.add_argument("--ref-world", type=int, help="the reference's ranks (default: --world; "
+                   "1 with --cpp-standin)")
+    p.add_argument("--ref-mode", choices=["local", "fsdp2", "ddp"],
+                   help="default: local at one rank, fsdp2 above")
+    p.add_argument("--standin-mode", choices=["local", "fsdp2", "ddp"], default="fsdp2")
+    p.add_argument("--cpp-val-flag", default="--val-tokens",
+                   help="train_llama's flag for the validation token file (--check logits)")
+    p.add_argument("--keep", help="keep the model, tokens and outputs in this directory")
+    p.add_argument("--launcher", choices=["mpi", "gloo", "none"], default="mpi")
+    p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
+                   help="mpiexec and its flags (last option)")
+    a = p.parse_args()
+    if a.world < 1 or GLOBAL_BATCH % a.world:
+        p.error(f"--world must divide the global batch {GLOBAL_BATCH}")
+    if a.ref_world is None:
+        a.ref_world = 1 if a.cpp_standin else a.world
+    if GLOBAL_BATCH % a.ref_world:
+        p.error(f"--ref-world must divide the global batch {GLOBAL_BATCH}")
+    if a.standin_mode == "local" and a.world != 1:
+        p.error("--standin-mode local needs --world 1")
+    if a.cpp and not os.path.isfile(a.cpp):
+        p.error(f"--cpp {a.cpp}: no such file")
+    if a.steps < 2:
+        p.error("--steps must be at least 2 (the loss has to move)")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = a.keep or scratch
+        os.makedirs(tmp, exist_ok=True)
+        hf_dir = os.path.join(tmp, "model")
+        try:
+            hf_llama.make_tiny(hf_dir, tied=a.tied, seed=1234, force=True, **SIZES)
+        except hf_llama.Fail as e:
+            sys.exit(f"make-tiny: {e}")
+        train, val = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")
+        write_tokens(train, 20000, SIZES["vocab"], seed=1)
+        write_tokens(val, SEQ * 16 + 1, SIZES["vocab"], seed=2)
+        check = check_logits if a.check == "logits" else check_losses
+        ok = check(a, tmp, hf_dir, train, val, env)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
