@@ -21,10 +21,9 @@
 #include "checkpoint/agreement.h"
 #include "util/check.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/optimizer_state.h"
 #include "checkpoint/posix_files.h"
 #include "checkpoint/rank_file.h"
-#include "runtime/local_shards.h"
+#include "fsdp/checkpoint/state_dict.h"
 
 #ifndef FSDP_VERSION
 #define FSDP_VERSION "unknown"
@@ -33,7 +32,6 @@
 namespace fsdp {
 namespace {
 
-using detail::LocalShard;
 using detail::Manifest;
 using detail::StoredTensor;
 
@@ -48,23 +46,6 @@ std::string step_dir_name(int64_t step) { return fmt::format("{}{:010d}", kStepP
 void kill_here_if_testing(int64_t step) {
   const char* at = std::getenv("FSDP_TEST_KILL_IN_SAVE");
   if (at && std::to_string(step) == at) ::raise(SIGKILL);
-}
-
-// The optimizer's parameters must be the model's (each by its identity).
-void check_optimizer_params(const torch::optim::Optimizer* optimizer,
-                            const std::vector<LocalShard>& shards) {
-  if (!optimizer) return;
-  std::unordered_set<const void*> model_params;
-  for (const auto& s : shards) model_params.insert(s.tensor.unsafeGetTensorImpl());
-  for (const auto& group : optimizer->param_groups()) {
-    for (const auto& p : group.params()) {
-      if (!model_params.count(p.unsafeGetTensorImpl())) {
-        throw CheckpointError(
-            "the optimizer holds a parameter that is not the model's (pass the optimizer built "
-            "over this model's parameters: Unit::parameters())");
-      }
-    }
-  }
 }
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
@@ -104,37 +85,18 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
-// This rank's tensors, written to its file; returns the entries as a one-rank manifest.
-Manifest write_rank_file(const std::string& tmp, int rank, const std::vector<LocalShard>& shards,
-                         const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
-                         const std::string& kind) {
+// This rank's tensors, written to its file; returns the entries as a one-rank manifest. Each
+// row is written once: replicated tensors by rank 0, hybrid sharding's rows by replica 0.
+Manifest write_rank_file(const std::string& tmp, int rank, const ShardedStateDict& state) {
   detail::RankFileWriter writer(tmp, fmt::format("rank_{:05d}.bin", rank));
   Manifest m;
   m.world_size = 1;
-  auto add = [&](const std::string& name, const at::Tensor& rows, int64_t row_begin,
-                 const std::vector<int64_t>& shape) {
-    StoredTensor t{name, rows.scalar_type(), shape, {}};
-    t.rows.push_back(writer.append(rows, row_begin, shape));
-    t.rows.back().rank = rank;
-    m.tensors.push_back(std::move(t));
-  };
-  for (const auto& s : shards) {
-    if (s.replicated && rank != 0) continue;  // one copy is enough
-    if (s.replica != 0) continue;             // hybrid sharding: replica 0's rows suffice
-    add(s.name, s.tensor, s.row_begin, s.full_shape);
-    if (!optimizer) continue;
-    if (auto state = detail::param_state(*optimizer, kind, s.tensor)) {
-      for (const auto& [suffix, t] : state->tensors) {
-        auto shape = s.full_shape;
-        add(s.name + "#" + suffix, t, s.row_begin, shape);
-      }
-      m.optimizer_steps[s.name] = state->step;
-    }
-  }
-  if (rank == 0) {
-    for (const auto& b : model.named_buffers(/*recurse=*/true)) {
-      if (b.value().defined()) add(b.key(), b.value(), 0, b.value().sizes().vec());
-    }
+  for (const auto& [name, t] : state) {
+    if ((t.replicated && rank != 0) || t.replica != 0 || !t.local.defined()) continue;
+    StoredTensor st{name, t.local.scalar_type(), t.global_shape, {}};
+    st.rows.push_back(writer.append(t.local, t.row_offset, t.global_shape));
+    st.rows.back().rank = rank;
+    m.tensors.push_back(std::move(st));
   }
   writer.finish();
   return m;
@@ -182,12 +144,14 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
   const std::string tmp = join(root, kTmpPrefix + step_dir_name(step));
   const std::string what = fmt::format("save_checkpoint {}", final_dir);
 
-  std::vector<LocalShard> shards;
-  std::string kind, error;
+  ShardedStateDict state;
+  std::string kind = "none", error;
   try {
-    shards = detail::local_shards(model);
-    kind = detail::optimizer_kind(optimizer);
-    check_optimizer_params(optimizer, shards);
+    state = get_model_state_dict(model);
+    if (optimizer) {
+      kind = optimizer_kind(*optimizer);
+      for (auto& e : get_optimizer_state_dict(model, *optimizer)) state.push_back(std::move(e));
+    }
     if (rank == 0) {
       if (detail::path_exists(final_dir)) {
         throw CheckpointError(fmt::format(
@@ -209,7 +173,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
 
   std::string entries;
   try {
-    entries = detail::manifest_to_json(write_rank_file(tmp, rank, shards, model, optimizer, kind));
+    entries = detail::manifest_to_json(write_rank_file(tmp, rank, state));
   } catch (...) {
     error = detail::current_exception_message();
   }
@@ -250,13 +214,13 @@ namespace {
 // Everything a rank needs from the checkpoint, read and verified, not yet applied.
 struct Staged {
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (target, value read)
-  std::vector<std::pair<at::Tensor, std::optional<detail::ParamState>>> states;
+  ShardedStateDict optimizer;                             // this rank's rows of its state
 };
 
-at::Tensor read_local(const std::string& dir, const StoredTensor& t, int64_t begin, int64_t end,
-                      const at::Tensor& like) {
-  auto staged = at::empty(like.sizes(), like.options().device(at::kCPU)).contiguous();
-  detail::read_rows(dir, t, begin, end, staged);
+at::Tensor read_rows_like(const std::string& dir, const StoredTensor& t, int64_t begin,
+                          int64_t rows, std::vector<int64_t> shape) {
+  auto staged = at::empty(shape, at::TensorOptions().dtype(t.dtype)).contiguous();
+  detail::read_rows(dir, t, begin, begin + rows, staged);
   return staged;
 }
 
@@ -266,62 +230,82 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module& model,
              const torch::optim::Optimizer* optimizer) {
-  const std::string kind = detail::optimizer_kind(optimizer);
-  auto shards = detail::local_shards(model);
-  check_optimizer_params(optimizer, shards);
+  const std::string kind = optimizer ? optimizer_kind(*optimizer) : "none";
   std::unordered_map<std::string, const StoredTensor*> stored;
   for (const auto& t : m.tensors) stored[t.name] = &t;
-  std::unordered_set<std::string> expected;
+  std::unordered_set<std::string> used;
   Staged out;
-  auto find = [&](const std::string& name, at::ScalarType dtype,
-                  const std::vector<int64_t>& shape) -> const StoredTensor& {
+  auto find = [&](const std::string& name) -> const StoredTensor& {
     auto it = stored.find(name);
     if (it == stored.end()) {
       throw CheckpointError(fmt::format("{} has no tensor '{}' (the model's)", dir, name));
     }
-    const StoredTensor& t = *it->second;
-    if (t.dtype != dtype || t.shape != shape) {
-      throw CheckpointError(fmt::format("tensor '{}' is {} {} in {}, the model's is {} {}", name,
-                                        c10::toString(t.dtype), shape_str(t.shape), dir,
-                                        c10::toString(dtype), shape_str(shape)));
-    }
-    expected.insert(name);
-    return t;
+    used.insert(name);
+    return *it->second;
   };
-  if (optimizer && m.optimizer != kind) {
-    throw CheckpointError(
-        fmt::format("{} holds the state of optimizer '{}', not of '{}'", dir, m.optimizer, kind));
-  }
-  for (const auto& s : shards) {
-    const auto& t = find(s.name, s.tensor.scalar_type(), s.full_shape);
-    out.copies.emplace_back(s.tensor, read_local(dir, t, s.row_begin, s.row_end, s.tensor));
-    if (!optimizer) continue;
-    std::optional<detail::ParamState> state;
-    auto step = m.optimizer_steps.find(s.name);
-    if (step != m.optimizer_steps.end()) {
-      state.emplace();
-      state->step = step->second;
-      for (const auto& suffix : detail::state_names(kind)) {
-        const std::string name = s.name + "#" + suffix;
-        auto it = stored.find(name);
-        if (it == stored.end()) continue;
-        const auto& st = find(name, it->second->dtype, s.full_shape);
-        auto like = at::empty(s.tensor.sizes(), s.tensor.options().dtype(st.dtype));
-        auto value = read_local(dir, st, s.row_begin, s.row_end, like);
-        state->tensors[suffix] = value.to(s.tensor.device());
+  auto model_state = get_model_state_dict(model);
+  if (optimizer) {
+    std::unordered_set<const void*> params;
+    for (const auto& p : model.parameters()) params.insert(p.unsafeGetTensorImpl());
+    for (const auto& group : optimizer->param_groups()) {
+      for (const auto& p : group.params()) {
+        if (!params.count(p.unsafeGetTensorImpl())) {
+          throw CheckpointError(
+              "the optimizer holds a parameter that is not the model's (pass the optimizer built "
+              "over this model's parameters: FSDPModule::parameters())");
+        }
       }
     }
-    out.states.emplace_back(s.tensor, std::move(state));
   }
-  for (const auto& b : model.named_buffers(/*recurse=*/true)) {
-    if (!b.value().defined()) continue;
-    const auto& t = find(b.key(), b.value().scalar_type(), b.value().sizes().vec());
-    out.copies.emplace_back(
-        b.value(), read_local(dir, t, 0, b.value().dim() == 0 ? 1 : b.value().size(0), b.value()));
+  std::unordered_map<std::string, const ShardedTensor*> by_name;
+  for (const auto& [name, t] : model_state) {
+    by_name[name] = &t;
+    const StoredTensor& st = find(name);
+    if (st.dtype != t.local.scalar_type() || st.shape != t.global_shape) {
+      throw CheckpointError(fmt::format("tensor '{}' is {} {} in {}, the model's is {} {}", name,
+                                        c10::toString(st.dtype), shape_str(st.shape), dir,
+                                        c10::toString(t.local.scalar_type()),
+                                        shape_str(t.global_shape)));
+    }
+    out.copies.emplace_back(t.local, read_rows_like(dir, st, t.row_offset, t.rows(),
+                                                    t.local.sizes().vec()));
+  }
+  if (optimizer) {
+    if (m.optimizer != kind) {
+      throw CheckpointError(fmt::format("{} holds the state of optimizer '{}', not of '{}'", dir,
+                                        m.optimizer, kind));
+    }
+    for (const auto& t : m.tensors) {
+      const auto hash = t.name.rfind('#');
+      if (hash == std::string::npos) continue;
+      used.insert(t.name);
+      const auto param = by_name.find(t.name.substr(0, hash));
+      ShardedTensor s;
+      s.global_shape = t.shape;
+      if (hash > 0 && param != by_name.end() && t.shape == param->second->global_shape) {
+        // Sharded like its parameter: this rank's rows only.
+        const ShardedTensor& p = *param->second;
+        s.local = read_rows_like(dir, t, p.row_offset, p.rows(), p.local.sizes().vec())
+                      .to(p.local.device());
+        s.row_offset = p.row_offset;
+        s.replicated = p.replicated;
+      } else {
+        s.local = read_rows_like(dir, t, 0, t.shape.empty() ? 1 : t.shape[0], t.shape);
+        s.replicated = true;
+      }
+      out.optimizer.emplace_back(t.name, std::move(s));
+    }
+    // Checkpoints of format 1 kept AdamW's step counts in the manifest.
+    for (const auto& [name, step] : m.optimizer_steps) {
+      ShardedTensor s;
+      s.local = at::scalar_tensor(step, at::kLong);
+      s.replicated = true;
+      out.optimizer.emplace_back(name + "#step", std::move(s));
+    }
   }
   for (const auto& t : m.tensors) {
     const bool state = t.name.find('#') != std::string::npos;
-    if (!expected.count(t.name) && !(state && !optimizer)) {
+    if (!used.count(t.name) && !(state && !optimizer)) {
       throw CheckpointError(fmt::format(
           "{} holds '{}', which the model does not have (or the optimizer does not use)", dir,
           t.name));
@@ -352,12 +336,8 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     at::NoGradGuard no_grad;
     for (auto& [target, value] : staged.copies) target.copy_(value);
   }
-  if (optimizer) {
-    const std::string kind = detail::optimizer_kind(optimizer);
-    for (const auto& [param, state] : staged.states) {
-      detail::set_param_state(*optimizer, kind, param, state);
-    }
-  }
+  // Every rank read exactly its rows: the state installs without moving data.
+  if (optimizer) set_optimizer_state_dict(model, *optimizer, staged.optimizer, pg);
   return CheckpointInfo{path, m.step, m.world_size, m.metadata};
 }
 

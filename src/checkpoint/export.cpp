@@ -8,28 +8,12 @@
 #include <unordered_set>
 
 #include "checkpoint/agreement.h"
-#include "util/check.h"
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/runtime/layout.h"
-#include "runtime/collectives.h"
-#include "runtime/local_shards.h"
+#include "util/check.h"
 
 namespace fsdp {
-namespace {
-
-// The full tensor of a parameter, on every rank: gathered over the group it is sharded on
-// (with hybrid sharding, this rank's replica).
-at::Tensor gather_full(const detail::LocalShard& s) {
-  if (s.replicated) return s.tensor.detach();
-  return detail::all_gather_full(*s.shard_group, s.tensor, s.full_shape);
-}
-
-at::ScalarType export_dtype(const at::Tensor& t, const ExportOptions& o) {
-  return o.dtype && t.is_floating_point() ? *o.dtype : t.scalar_type();
-}
-
-}  // namespace
 
 void export_safetensors(const std::string& path, const torch::nn::Module& model,
                         const ProcessGroupPtr& pg, const ExportOptions& options) {
@@ -38,18 +22,15 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   const bool writer_rank = g.rank() == 0;
   const std::string tmp = path + ".tmp";
   const std::string what = fmt::format("export_safetensors {}", path);
-  std::vector<detail::LocalShard> shards;
   std::unique_ptr<SafetensorsWriter> writer;
   std::string error;
   try {
-    shards = detail::local_shards(model);
     if (writer_rank) {
       std::vector<SafetensorsWriter::Spec> specs;
-      for (const auto& s : shards) {
-        specs.push_back({s.name, export_dtype(s.tensor, options), s.full_shape});
-      }
-      for (const auto& b : model.named_buffers(true)) {
-        specs.push_back({b.key(), export_dtype(b.value(), options), b.value().sizes().vec()});
+      for (const auto& [name, t] : get_model_state_dict(model)) {
+        const auto dtype = options.dtype && t.local.is_floating_point() ? *options.dtype
+                                                                        : t.local.scalar_type();
+        specs.push_back({name, dtype, t.global_shape});
       }
       writer = std::make_unique<SafetensorsWriter>(tmp, std::move(specs), options.metadata);
     }
@@ -58,20 +39,19 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   }
   detail::agree_or_throw(g, what, error);
   // Every rank joins every gather; a write error on rank 0 is reported after the last one.
-  for (const auto& s : shards) {
-    auto full = gather_full(s);
-    if (!writer_rank || !error.empty()) continue;
+  FullStateDictOptions full;
+  full.rank0_only = true;
+  full.dtype = options.dtype;
+  for_each_full_tensor(model, pg, full, [&](const std::string&, const at::Tensor& t) {
+    if (!error.empty()) return;
     try {
-      writer->write_next(full.to(export_dtype(s.tensor, options)));
+      writer->write_next(t);
     } catch (...) {
       error = detail::current_exception_message();
     }
-  }
+  });
   if (writer_rank && error.empty()) {
     try {
-      for (const auto& b : model.named_buffers(true)) {
-        writer->write_next(b.value().to(export_dtype(b.value(), options)));
-      }
       writer->finish();
       if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         throw CheckpointError(fmt::format("cannot rename {} to {}", tmp, path));
@@ -95,27 +75,19 @@ void load_safetensors_sharded(const std::string& path, torch::nn::Module& model,
     for (const auto& e : index.entries) by_name[e.name] = &e;
     std::unordered_set<std::string> accepted;
     for (const auto& item : model.named_parameters(true)) accepted.insert(item.key());
-    auto stage = [&](const std::string& name, const at::Tensor& target, int64_t row_begin,
-                     int64_t row_end, const std::vector<int64_t>& shape) {
+    for (const auto& [name, t] : get_model_state_dict(model)) {
+      accepted.insert(name);
       auto it = by_name.find(name);
       if (it == by_name.end()) {
         throw CheckpointError(fmt::format("{} has no tensor '{}' (the model's)", path, name));
       }
-      if (it->second->shape != shape) {
+      if (it->second->shape != t.global_shape) {
         throw CheckpointError(fmt::format("tensor '{}' has shape [{}] in {}, the model's is [{}]",
                                           name, fmt::join(it->second->shape, ", "), path,
-                                          fmt::join(shape, ", ")));
+                                          fmt::join(t.global_shape, ", ")));
       }
-      auto rows = read_safetensors_rows(path, *it->second, row_begin, row_end);
-      staged.emplace_back(target, rows.view(target.sizes()));
-    };
-    for (const auto& s : detail::local_shards(model)) {
-      stage(s.name, s.tensor, s.row_begin, s.row_end, s.full_shape);
-    }
-    for (const auto& b : model.named_buffers(true)) {
-      accepted.insert(b.key());
-      const auto& t = b.value();
-      stage(b.key(), t, 0, t.dim() == 0 ? 1 : t.size(0), t.sizes().vec());
+      auto rows = read_safetensors_rows(path, *it->second, t.row_offset, t.row_offset + t.rows());
+      staged.emplace_back(t.local, rows.view(t.local.sizes()));
     }
     for (const auto& e : index.entries) {
       if (!accepted.count(e.name)) {

@@ -1,30 +1,36 @@
-// Internal: the per-parameter state of the optimizers a checkpoint can hold, as named tensors
-// (each shaped like this rank's rows of its parameter) plus AdamW's step count.
+// Internal: the per-parameter state of the optimizers state dicts can hold (state_dict.h), as
+// named tensors shaped like the parameter's local rows plus integer scalars, and their param
+// groups' options as libtorch serializes them.
 #pragma once
 
 #include <torch/optim/optimizer.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace fsdp::detail {
 
-// "none" (no optimizer), "adamw" (torch::optim::AdamW, fsdp::FusedAdamW) or "sgd"; anything
-// else is CheckpointError naming the type.
-std::string optimizer_kind(const torch::optim::Optimizer* optimizer);
-
 struct ParamState {
-  std::map<std::string, at::Tensor> tensors;  // "exp_avg", "exp_avg_sq", ... (defined ones)
-  int64_t step = 0;                           // AdamW
+  std::map<std::string, at::Tensor> tensors;  // "exp_avg", "square_avg", ... (defined ones)
+  std::map<std::string, int64_t> scalars;     // "step"
 };
 
+// "adam", "adamw" (fsdp::FusedAdamW too), "sgd", "rmsprop" or "adagrad"; anything else is
+// InvalidArgument naming the type.
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer);
+
 // The state the optimizer holds for `param`, or nullopt before its first step.
-std::optional<ParamState> param_state(const torch::optim::Optimizer& optimizer,
-                                      const std::string& kind, const at::Tensor& param);
-// The state tensor names `kind` may store.
-const std::vector<std::string>& state_names(const std::string& kind);
-// Replaces the optimizer's state for `param` (nullopt: none, as before a first step).
-void set_param_state(torch::optim::Optimizer& optimizer, const std::string& kind,
-                     const at::Tensor& param, const std::optional<ParamState>& state);
+std::optional<ParamState> read_param_state(const torch::optim::Optimizer& optimizer,
+                                           const std::string& kind, const at::Tensor& param);
+// Replaces the optimizer's state for `param` (nullopt: none, as before a first step). A field
+// the kind does not have is InvalidArgument naming it.
+void write_param_state(torch::optim::Optimizer& optimizer, const std::string& kind,
+                       const at::Tensor& param, const std::optional<ParamState>& state);
+
+// A param group's options (lr, betas, ...) as bytes (libtorch's serialization of them), and
+// back into a group of the same optimizer type.
+at::Tensor group_options_bytes(const torch::optim::OptimizerParamGroup& group);
+void restore_group_options(torch::optim::OptimizerParamGroup& group, const at::Tensor& bytes);
 
 }  // namespace fsdp::detail

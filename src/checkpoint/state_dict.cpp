@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "checkpoint/agreement.h"
+#include "checkpoint/redistribute.h"
 #include "runtime/collectives.h"
 #include "runtime/local_shards.h"
 #include "util/check.h"
@@ -63,6 +64,114 @@ FullStateDict get_full_model_state_dict(const torch::nn::Module& model,
     out.emplace_back(name, t);
   });
   return out;
+}
+
+namespace {
+
+// Every name of every tensor of the model -> the name its state dict uses (a tied tensor's
+// other names resolve to its first).
+std::unordered_map<std::string, std::string> state_dict_names(const torch::nn::Module& model) {
+  std::unordered_map<const c10::TensorImpl*, std::string> first;
+  std::unordered_map<std::string, std::string> out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    auto it = first.emplace(p.value().unsafeGetTensorImpl(), p.key()).first;
+    out[p.key()] = it->second;
+  }
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) out[b.key()] = b.key();
+  return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// Looks every entry of `given` (by any of the model's names) up against the model's state dict
+// `want`: each of `want` must be present once with its global shape, and `given` may hold
+// nothing else. Returns the index into `given` for each entry of `want`; InvalidArgument naming
+// the first problem otherwise.
+template <typename Entries, typename ShapeOf>
+std::vector<size_t> match(const torch::nn::Module& model, const ShardedStateDict& want,
+                          const Entries& given, const ShapeOf& shape_of, const char* what) {
+  const auto names = state_dict_names(model);
+  std::unordered_map<std::string, size_t> by_name;
+  for (size_t i = 0; i < given.size(); ++i) {
+    auto it = names.find(given[i].first);
+    FSDP_CHECK_ARG(it != names.end(), "{}: the state dict holds '{}', which the model does not have",
+                   what, given[i].first);
+    FSDP_CHECK_ARG(by_name.emplace(it->second, i).second,
+                   "{}: the state dict holds '{}' twice (under two names of one tensor)", what,
+                   it->second);
+  }
+  std::vector<size_t> index;
+  for (const auto& [name, t] : want) {
+    auto it = by_name.find(name);
+    FSDP_CHECK_ARG(it != by_name.end(), "{}: the state dict has no '{}' (the model's)", what, name);
+    const auto shape = shape_of(given[it->second].second);
+    FSDP_CHECK_ARG(shape == t.global_shape, "{}: '{}' is {} in the state dict, the model's is {}",
+                   what, name, shape_str(shape), shape_str(t.global_shape));
+    index.push_back(it->second);
+  }
+  return index;
+}
+
+}  // namespace
+
+void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& state,
+                          const ProcessGroupPtr& world) {
+  FSDP_CHECK_ARG(world != nullptr, "set_model_state_dict: the process group is null");
+  auto want = get_model_state_dict(model);
+  std::vector<size_t> index;
+  std::string error;
+  try {
+    index = match(model, want, state, [](const ShardedTensor& t) { return t.global_shape; },
+                  "set_model_state_dict");
+  } catch (...) {
+    error = detail::current_exception_message();
+  }
+  detail::agree_or_throw(*world, "set_model_state_dict", error);
+  std::vector<detail::Move> moves;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ShardedTensor& src = state[index[i]].second;
+    const ShardedTensor& dst = want[i].second;
+    moves.push_back({want[i].first, src.local, src.row_offset, dst.local, dst.row_offset,
+                     dst.global_shape});
+  }
+  detail::redistribute(moves, *world);
+}
+
+void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
+                          const ProcessGroupPtr& world, bool rank0_only) {
+  FSDP_CHECK_ARG(world != nullptr, "set_model_state_dict: the process group is null");
+  const bool reads = !rank0_only || world->rank() == 0;
+  auto want = get_model_state_dict(model);
+  std::vector<size_t> index;
+  std::string error;
+  try {
+    if (reads) {
+      index = match(model, want, state, [](const at::Tensor& t) { return t.sizes().vec(); },
+                    "set_model_state_dict");
+    }
+  } catch (...) {
+    error = detail::current_exception_message();
+  }
+  detail::agree_or_throw(*world, "set_model_state_dict", error);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ShardedTensor& dst = want[i].second;
+    at::Tensor full;
+    if (rank0_only) {
+      // One tensor at a time from rank 0: every rank holds at most one full tensor.
+      full = reads ? state[index[i]].second.to(world->device(), dst.local.scalar_type()).contiguous()
+                   : at::empty(dst.global_shape,
+                               dst.local.options().device(world->device()));
+      world->broadcast(full, 0)->wait();
+    } else {
+      full = state[index[i]].second;
+    }
+    if (dst.local.dim() == 0) {
+      dst.local.copy_(full.reshape({}));
+    } else if (dst.rows() > 0) {
+      dst.local.copy_(full.narrow(0, dst.row_offset, dst.rows()));
+    }
+  }
 }
 
 }  // namespace fsdp

@@ -201,6 +201,13 @@ bool ParamGroup::post_backward(Accounting& acct, const ReduceSettings& settings,
     FSDP_RANGE("fsdp::reduce_scatter_copy_in");
     reduced_had_grad_ = reduce_scatter_copy_in(params_, reduce_layout_, in, world);
   }
+  if (settings.if_unused) {
+    // Ranks may differ in which parameters got a gradient: the reduced rows land in every
+    // trainable parameter, as FSDP2 gives the unused ones zero gradients before reducing.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (reduce_layout_.offset[i] >= 0) reduced_had_grad_[i] = true;
+    }
+  }
   if (reshard_now) reshard(acct);  // full gradients are gone; full parameters are not needed
   reduce_in_ = in;
   reduce_out_ = acct.pool->take(reduce_layout_.total, opts);
@@ -251,7 +258,7 @@ void ParamGroup::start_all_reduce(Accounting& acct) {
 }
 
 void ParamGroup::finish_reduce(Accounting& acct) {
-  if (!reduce_work_) return;
+  if (!reduce_out_.defined()) return;  // nothing reduced since the last finish
   start_all_reduce(acct);
   if (reduce_work_) {  // the all-reduce (hybrid) or the reduce-scatter
     FSDP_RANGE(all_reduce_issued_ ? range_names_.all_reduce_wait

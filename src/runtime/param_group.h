@@ -73,7 +73,7 @@ class ParamGroup {
   // result across replicas, without waiting for it (finish_reduce does).
   void start_all_reduce(Accounting& acct);
   bool reduce_scatter_in_flight() const { return reduce_work_ && !all_reduce_issued_; }
-  bool reduction_in_flight() const { return reduce_work_ != nullptr; }
+  bool reduction_in_flight() const { return reduce_out_.defined(); }
   bool hybrid() const { return replicate_ != nullptr; }
   // Drops the hooked accumulators of this backward (after finish_reduce).
   void end_backward();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "optim/clip_grad_check.h"
+#include "runtime/edge_cases.h"
 #include "support/multi_process_main.h"
 #include "support/train_harness.h"
 
@@ -160,6 +161,49 @@ TEST(FullyShardMpi, HybridShardingEveryLayoutMatches) {
   EXPECT_NE(
       error(n + 1).find(fmt::format("{} replicas do not divide a world of {} ranks", n + 1, n)),
       std::string::npos);
+}
+
+// The edge cases of tests/runtime/test_edges.cpp over MPI processes: zero_grad between
+// forward and backward, freezing after fully_shard, and failed steps.
+TEST(FullyShardMpi, ZeroGradBetweenForwardAndBackward) {
+  for (bool none : {true, false}) {
+    for (bool reshard : {true, false}) {
+      EdgeSpec spec;
+      spec.options.reshard_after_forward = reshard;
+      const auto program = zero_grad_program(ZeroGradAt::kBetweenForwardAndBackward, none);
+      expect_edge_parity("mpi zero_grad", spec, flat_mesh(world()), program,
+                         reference_of(spec, program));
+    }
+  }
+}
+
+TEST(FullyShardMpi, FreezingAndUnfreezing) {
+  EdgeSpec spec;
+  spec.edit = [](EdgeNetImpl& net) { set_trainable(net, {"blocks.2."}, false); };
+  const auto at_shard = freeze_program({"blocks.2."}, -1, 3);
+  expect_edge_parity("mpi whole unit unfrozen", spec, flat_mesh(world()), at_shard,
+                     reference_of(spec, at_shard));
+  EdgeSpec later;
+  later.batch = 24;  // two micro-batches on every rank
+  const auto after = freeze_program({"head.", "blocks.0."}, 2, 4, 2);
+  expect_edge_parity("mpi frozen after shard", later, flat_mesh(world()), after,
+                     reference_of(later, after));
+}
+
+TEST(FullyShardMpi, FailedStepsLeaveATreeThatTrainsOn) {
+  for (auto f : {Failure::kInnerForward, Failure::kRootForward, Failure::kBackwardHook,
+                 Failure::kSkippedBackward}) {
+    EdgeSpec spec;
+    auto ref_probe = std::make_shared<Probe>();
+    auto ref_clean = std::make_shared<bool>(true);
+    const auto want =
+        reference_of(spec, failure_program(f, 2, ref_probe, ref_clean, spec.blocks), ref_probe);
+    auto probe = std::make_shared<Probe>();
+    auto clean = std::make_shared<bool>(true);
+    expect_edge_parity(failure_name(f), spec, flat_mesh(world()),
+                       failure_program(f, 2, probe, clean, spec.blocks), want, probe);
+    EXPECT_TRUE(*clean) << failure_name(f);
+  }
 }
 
 }  // namespace

@@ -3,14 +3,18 @@
 // torch.distributed.checkpoint, for C++ programs).
 //
 // On disk, `dir/step_<step>/`:
-//   manifest.json   format and library version, world size, step, user metadata, the optimizer
-//                   kind, and for every tensor its global shape, dtype and each rank's rows:
-//                   file, byte offset, size and CRC-32s of chunks of rows (about 4 MiB each)
-//   rank_<r>.bin    rank r's rows of every tensor, raw little-endian, one after another
-// Tensors: each parameter under its name in the model (named_parameters(), the first name of a
-// tied tensor), its optimizer state as "<name>#exp_avg", "#exp_avg_sq", "#max_exp_avg_sq"
-// (AdamW and fsdp::FusedAdamW; the step counts live in the manifest) or "#momentum_buffer"
-// (SGD), and buffers (written once, by rank 0).
+//   manifest.json     format and library version, world size, step, user metadata, the
+//                     optimizer kind, and for every tensor its global shape, dtype and each
+//                     rank's rows: file, byte offset, size and CRC-32s of chunks of rows
+//                     (about 4 MiB each)
+//   rank_00000.bin    rank 0's rows of every tensor (rank r: rank_<r as five digits>.bin), raw
+//                     little-endian, one after another
+// Tensors: the model's state dict and the optimizer's (state_dict.h): each parameter under its
+// name in the model (the first name of a tied tensor), buffers, and the optimizer's state as
+// "<name>#<state>" ("#exp_avg", "#momentum_buffer", "#square_avg", "#sum", ...: sharded like the
+// parameter; "#step": a scalar), its kind ("#optimizer") and its param groups' options
+// ("#param_groups.<i>"). Replicated tensors are written once, by rank 0; with hybrid sharding
+// only replica 0 writes rows.
 //
 // Atomic: the ranks write into `dir/.tmp-step_<step>/`, fsync every file, rank 0 writes the
 // manifest last, fsyncs, and renames the directory into place (then fsyncs `dir`). A crash at
@@ -58,8 +62,9 @@ struct CheckpointInfo {
 
 // Saves `model` (sharded by fully_shard or not; parameters must be sharded, not gathered) and,
 // when given, `optimizer`'s state into dir/step_<step>. Returns the checkpoint's path. The
-// optimizer must be torch::optim::AdamW (fsdp::FusedAdamW included) or SGD, over parameters of
-// `model`; anything else is CheckpointError before anything is written. A checkpoint of the same
+// optimizer must be one whose state can be sharded (state_dict.h: Adam, AdamW, FusedAdamW,
+// SGD, RMSprop, Adagrad), over parameters of `model`; anything else is an error before
+// anything is written. A checkpoint of the same
 // step already in `dir` is an error: nothing a user saved is overwritten.
 std::string save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
                             const torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg,
@@ -70,7 +75,8 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Loads a checkpoint saved at any world size into `model`, sharded the way it is now (each rank
-// reads only the chunks of rows it needs), and `optimizer`'s state when given. Names, shapes and
+// reads only the chunks of rows it needs), and `optimizer`'s state (with its param groups'
+// options) when given: the same kind of optimizer, with as many param groups. Names, shapes and
 // dtypes must match both ways.
 CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
                                torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg);
