@@ -7,6 +7,7 @@
 #   bench/checkpoint_bench.sh [--rounds N] [--dir DIR]   (DIR: where checkpoints go; /tmp)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
@@ -21,8 +22,7 @@ done
 TRAIN="$build/bin/train_minillm"
 py=$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")
 [ -x "$TRAIN" ] && [ -x "$py" ] || { echo "checkpoint_bench: build first" >&2; exit 2; }
-mpi=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}")
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 work="$base/fsdp_checkpoint_bench.$$"; mkdir -p "$work"; trap 'rm -rf "$work"' EXIT
 model=(--vocab 4096 --dim 512 --layers 16 --heads 8)

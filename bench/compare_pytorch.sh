@@ -5,6 +5,7 @@
 #   bench/compare_pytorch.sh [--rounds N]       (default 3; BUILD_DIR overrides ./build)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
@@ -23,8 +24,7 @@ cmake --build "$build" -j "$(nproc)" --target train_minillm collectives_bench ov
 PY="$venv/bin/python"                    # the venv's: torch 2.11, the libtorch we build against
 REF="$root/bench/reference/py_minillm.py"
 TRAIN="$build/bin/train_minillm"
-mpi=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}")
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1   # one thread per rank, both programs
 mkdir -p "$out"
 log="$out/last_run.log"; : > "$log"

@@ -8,6 +8,7 @@
 #   bench/debug_cost.sh [--rounds 3]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 rounds=3
 while [ $# -gt 0 ]; do
@@ -18,12 +19,11 @@ while [ $# -gt 0 ]; do
 done
 TRAIN="$build/bin/train_minillm"
 COST="$build/bin/range_cost"
-PY="${FSDP_PYTHON:-${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}/bin/python}"
+PY="$FSDP_PY"
 for f in "$TRAIN" "$COST"; do
   [ -x "$f" ] || { echo "profiler_cost: build first ($f missing)" >&2; exit 2; }
 done
-mpi=(mpirun --oversubscribe -n 2)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}" -n 2)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 out="$root/bench/results/debug_cost.csv"

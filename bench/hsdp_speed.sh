@@ -8,13 +8,13 @@
 #   bench/hsdp_speed.sh [--rounds N]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
 [ "${1:-}" = "--rounds" ] && rounds="$2"
-py="${FSDP_PYTHON:-$HOME/.cache/fsdp-cpp/venv/bin/python}"
-mpi=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+py="$FSDP_PY"
+mpi=("${FSDP_MPIRUN[@]}")
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 steps=10
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT

@@ -7,10 +7,10 @@
 #   bench/planner.sh [BUILD_DIR]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${1:-$root/build}"
 out="$root/bench/results"
-mpi=(mpirun --oversubscribe)
-[ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}")
 "$root/tests/tools/planner_check.sh" --comm "$build/bin/collectives_bench" "$build/bin/train_minillm" \
   "${mpi[@]}" | tee "$out/planner_check.txt"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
@@ -34,5 +34,5 @@ print(f"| {j['world']} | {j['replicas']} x {j['shards']} "
 PY
   done
 } > "$out/plan_reference.md"
-py="${FSDP_PYTHON:-$HOME/.cache/fsdp-cpp/venv/bin/python}"
+py="$FSDP_PY"
 "$root/bench/rewrite_report.sh" "$py"

@@ -6,6 +6,7 @@
 #   bench/soak.sh [--minutes M]
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 minutes=30
 while [ $# -gt 0 ]; do
@@ -15,10 +16,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 TRAIN="$build/bin/train_minillm"
-PY="${FSDP_PYTHON:-${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}/bin/python}"
+PY="$FSDP_PY"
 [ -x "$TRAIN" ] || { echo "soak: build first ($TRAIN missing)" >&2; exit 2; }
-mpi=(mpirun --oversubscribe -n 4)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}" -n 4)
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'kill "$job" 2>/dev/null; rm -rf "$tmp"' EXIT
 out="$root/bench/results/soak.csv"

@@ -9,6 +9,7 @@
 # (LD_PRELOAD): glibc keeps freed activation-sized blocks in its heap, resident.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 only=""
@@ -20,8 +21,7 @@ while [ $# -gt 0 ]; do
 done
 TRAIN="$build/bin/train_minillm"
 [ -x "$TRAIN" ] || { echo "training_features: build first ($TRAIN missing)" >&2; exit 2; }
-mpi=(mpirun --oversubscribe)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+mpi=("${FSDP_MPIRUN[@]}")
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$out"
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT

@@ -22,6 +22,7 @@
 # $HOME/.cache/fsdp-cpp). Prints a table (runtime, dtype, val loss, ppl, exp(expected), rel err)
 # and exits 0 when every runtime agrees, 1 when one does not, 2 on a usage error.
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 LLAMA_CPP_PYTHON=0.3.36
 EXECUTORCH=1.2.0 TORCHAO=0.17.0
@@ -55,7 +56,7 @@ seq=${positional[2]} expect=${positional[3]}
 python3 -c "import sys; float(sys.argv[1])" "$expect" 2>/dev/null || die "EXPECTED_LOSS '$expect' is not a number"
 [ -z "$tokenizer" ] || [ -f "$tokenizer" ] || die "tokenizer not found: $tokenizer"
 
-venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
+venv="$FSDP_VENV"
 cache="${FSDP_CACHE:-$HOME/.cache/fsdp-cpp}"
 py="$venv/bin/python"
 [ -x "$py" ] || die "no venv at $venv (scripts/install_deps.sh makes it)"

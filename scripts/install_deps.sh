@@ -2,17 +2,20 @@
 # Installs what this project needs and is missing; idempotent, and quick when all is there.
 #   1. Debian packages (apt-get): compiler, CMake, Open MPI, fmt, GoogleTest, CLI11, nlohmann-json,
 #      iproute2.
-#   2. libtorch: PyTorch 2.11.0 from PyPI, with the Python packages the tests and benchmarks use,
-#      in a virtual environment outside the source tree:
+#   2. libtorch: PyTorch 2.11.0 from PyPI, with the Python packages the tests and benchmarks use
+#      (safetensors, numpy, matplotlib, and the outside programs the Llama model is checked
+#      against: transformers, tokenizers, sentencepiece, mlx), in a virtual environment outside
+#      the source tree:
 #        FSDP_VENV (default: $HOME/.cache/fsdp-cpp/venv)
 #      PyPI's default Linux wheel of torch 2.11.0 is the CUDA 13.0 build (about 3 GB to download,
 #      5.5 GB installed); its CPU tensors work on machines without a GPU. CMake finds libtorch
 #      through this environment (cmake/FsdpFindTorch.cmake).
 # Prints the venv path as its last line: "install_deps: libtorch venv <path>".
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 torch_version=2.11.0
-venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
+venv="$FSDP_VENV"
 
 packages=(
   g++ cmake make pkg-config
@@ -21,13 +24,20 @@ packages=(
   libcli11-dev          # command-line parsing for the examples and benchmarks
   nlohmann-json3-dev    # JSON: metrics lines, safetensors headers
   iproute2              # `ip netns`: the multi-host test's namespace "hosts"
+  ccache                # keeps compiled objects across builds (used when present)
 )
 python_packages=(
   "torch==${torch_version}"
   safetensors           # weights exchanged with the PyTorch reference (FSDP2 parity test)
   numpy                 # torch warns without it; safetensors' numpy API
   matplotlib            # bench/ plots
+  # The outside programs the Llama model is checked against (tests/reference/hf_llama.py):
+  "transformers==5.24.0"  # LlamaForCausalLM, the reference model and trainer (FSDP2 on gloo)
+  "tokenizers==0.23.3" "sentencepiece==0.2.3"  # scripts/tokenize.py
+  "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"            # MLX loads the exported directories
 )
+# Their dist-info names, to tell a complete venv by a directory listing.
+python_dists=(safetensors numpy matplotlib transformers tokenizers sentencepiece mlx mlx_lm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -68,7 +78,7 @@ venv_complete() {
   site=$(ls -d "$venv"/lib/python3*/site-packages 2>/dev/null | head -1) || return 1
   [ -n "$site" ] || return 1
   ls -d "$site/torch-${torch_version}.dist-info" > /dev/null 2>&1 || return 1
-  for p in safetensors numpy matplotlib; do
+  for p in "${python_dists[@]}"; do
     ls -d "$site/$p"-*.dist-info > /dev/null 2>&1 || return 1
   done
 }

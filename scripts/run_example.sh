@@ -4,14 +4,13 @@
 #   scripts/run_example.sh [extra train_minillm flags]      (BUILD_DIR overrides ./build)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib.sh"
 build="${BUILD_DIR:-$root/build}"
 
 bash "$root/scripts/install_deps.sh"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$build" -j "$(nproc)" --target train_minillm
 
-mpi_flags=(--oversubscribe)
-[ "$(id -u)" -eq 0 ] && mpi_flags+=(--allow-run-as-root)
 # Two ranks on two cores: one intra-op thread each, or they fight for the cores.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-exec mpirun "${mpi_flags[@]}" -np 2 "$build/bin/train_minillm" --preset cpu-small "$@"
+exec "${FSDP_MPIRUN[@]}" -np 2 "$build/bin/train_minillm" --preset cpu-small "$@"
