@@ -29,8 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto result = minillm::parse_options(static_cast<int>(args.size()), argv.data(), world);
   if (result.options) {
     const auto& o = *result.options;
+    const auto& t = o.train;
     // Accepted options must be runnable: a batch that splits over the ranks, positive sizes.
-    if (o.batch <= 0 || o.batch % world != 0 || o.seq <= 0 || o.steps < 0 || o.model.dim <= 0 ||
+    if (t.batch <= 0 || t.batch % world != 0 || t.seq <= 0 || t.steps < 0 || o.model.dim <= 0 ||
         o.model.layers <= 0 || o.model.heads <= 0 || o.model.dim % o.model.heads != 0) {
       std::abort();
     }

@@ -1,16 +1,15 @@
-#include "plan_command.h"
+#include "plan.h"
 
 #include <fmt/format.h>
 
 #include <fstream>
 #include <sstream>
 
-#include "fsdp/models/minillm_plan.h"
 
-namespace minillm {
+namespace trainer {
 namespace {
 
-fsdp::plan::CommModel comm_model(const Options& o) {
+fsdp::plan::CommModel comm_model(const TrainOptions& o) {
   if (!o.plan_collectives.empty()) return fsdp::plan::CommModel::measured(o.plan_collectives);
   std::istringstream in(o.plan_links);
   double intra = 0, inter = 0, latency_us = -1;
@@ -27,23 +26,19 @@ fsdp::plan::CommModel comm_model(const Options& o) {
 
 }  // namespace
 
-fsdp::plan::PlanRequest plan_request(const Options& o) {
+fsdp::plan::PlanRequest plan_request(const TrainOptions& o, const PlanModel& model) {
   const int world = o.plan_world;
-  fsdp::models::minillm::PlanShape shape;
-  shape.model = o.model;
-  shape.seq = o.seq;
-  shape.batch_per_rank = o.batch / world / o.grad_accum;  // one micro-batch
-  shape.compute_bytes = o.dtype == "bf16" ? 2 : 4;
-  shape.activation_checkpointing = o.activation_checkpointing;
+  const int64_t sequences = o.batch / world / o.grad_accum;  // one micro-batch
+  const int compute_bytes = o.dtype == "bf16" ? 2 : 4;
   fsdp::plan::PlanRequest r;
-  r.units = fsdp::models::minillm::plan_units(shape);
+  r.units = model.units(sequences, compute_bytes, o.activation_checkpointing);
   for (size_t i = 1; i < r.units.size(); ++i) {
     r.units[i].reshard_after_forward = o.reshard_after_forward;
   }
   r.layout = {world, o.replicas, o.plan_ranks_per_host};
-  r.dtypes = {4, shape.compute_bytes, 4};  // fp32 master weights; bf16 computes, reduces fp32
-  r.optimizer_states = 2;                  // AdamW: exp_avg, exp_avg_sq
-  r.transient_bytes = loss_transient_bytes(o.model, shape.batch_per_rank * o.seq);
+  r.dtypes = {4, compute_bytes, 4};  // fp32 master weights; bf16 computes, reduces fp32
+  r.optimizer_states = 2;            // AdamW: exp_avg, exp_avg_sq
+  r.transient_bytes = model.transient_bytes(sequences * o.seq);
   r.micro_batches = o.grad_accum;
   r.reduce_every_micro_batch = o.grad_accum_sync;
   r.comm = comm_model(o);
@@ -51,14 +46,12 @@ fsdp::plan::PlanRequest plan_request(const Options& o) {
   return r;
 }
 
-int run_plan(const Options& o) {
+int run_plan(const TrainOptions& o, const PlanModel& model) {
   try {
-    auto request = plan_request(o);
+    auto request = plan_request(o, model);
     auto plan = fsdp::plan::make_plan(request);
     fmt::print(
-        "MiniLLM vocab {} dim {} layers {} heads {} seq {} | global batch {} ({} per rank"
-        "{}){}\n{}",
-        o.model.vocab, o.model.dim, o.model.layers, o.model.heads, o.seq, o.batch,
+        "{} seq {} | global batch {} ({} per rank{}){}\n{}", model.describe, o.seq, o.batch,
         o.batch / o.plan_world,
         o.grad_accum > 1 ? fmt::format(" in {} micro-batches", o.grad_accum) : "",
         o.activation_checkpointing ? " | activation checkpointing" : "",
@@ -78,4 +71,4 @@ int run_plan(const Options& o) {
   }
 }
 
-}  // namespace minillm
+}  // namespace trainer

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-namespace minillm {
+namespace trainer {
 namespace {
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -26,28 +26,29 @@ int64_t max_over_ranks(fsdp::ProcessGroup& pg, int64_t x, const c10::Device& dev
 
 }  // namespace
 
-Reporter::Reporter(const Options& options, const fsdp::Distributed& dist)
-    : o_(options), dist_(dist), lead_(dist.group->rank() == 0), cuda_(dist.device.is_cuda()) {
+Reporter::Reporter(const TrainOptions& options, const fsdp::Distributed& dist, ModelInfo model)
+    : o_(options),
+      model_(std::move(model)),
+      dist_(dist),
+      lead_(dist.group->rank() == 0),
+      cuda_(dist.device.is_cuda()) {
   if (lead_ && !o_.metrics_out.empty()) {
     metrics_.open(o_.metrics_out);
     if (!metrics_) throw fsdp::InvalidArgument("cannot write --metrics-out " + o_.metrics_out);
   }
 }
 
-void Reporter::header(int64_t n_params, int64_t shard_bytes, int64_t startup_peak_bytes,
-                      const std::string& data) {
+void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std::string& data) {
   const int64_t startup_peak = max_over_ranks(*dist_.group, startup_peak_bytes, dist_.device);
   if (!lead_) return;
   const int world = dist_.group->size();
-  fmt::print("MiniLLM | world {}{} | backend {} | device {} | dtype {}\n", world,
+  fmt::print("{} | world {}{} | backend {} | device {} | dtype {}\n", model_.name, world,
              o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards (hybrid sharding)",
                                            o_.replicas, world / o_.replicas)
                              : "",
              dist_.group->backend_name(), dist_.device.str(), o_.dtype);
-  fmt::print(
-      "model: vocab {} dim {} layers {} heads {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n",
-      o_.model.vocab, o_.model.dim, o_.model.layers, o_.model.heads, o_.seq, n_params / 1e6,
-      mib(n_params * 4));
+  fmt::print("model: {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n", model_.sizes, o_.seq,
+             model_.parameters / 1e6, mib(model_.parameters * 4));
   fmt::print(
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
       "(ZeRO-3: 16 bytes/param / {})\n",
@@ -70,7 +71,7 @@ void Reporter::start_step(const fsdp::CommStats& comm) {
   t0_ = std::chrono::steady_clock::now();
 }
 
-void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
+void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm, double lr,
                         const fsdp::CommStats& comm, const fsdp::MemoryStats& m) {
   if (cuda_) torch::cuda::synchronize();
   const double step_s =
@@ -99,6 +100,7 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
   if (metrics_.is_open()) {
     nlohmann::json j = {{"step", step},
                         {"loss", loss_value},
+                        {"lr", lr},
                         {"tokens_per_s", tokens_per_s},
                         {"step_s", step_s},
                         {"compute_s", step_s - exposed},
@@ -119,6 +121,19 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm,
   }
 }
 
+void Reporter::validation(int steps_done, double val_loss, int64_t windows) {
+  if (!lead_) return;
+  fmt::print("validation after {} steps | val_loss {:.9g} | {} windows of {} tokens\n", steps_done,
+             val_loss, windows, o_.seq);
+  std::fflush(stdout);
+  if (metrics_.is_open()) {
+    metrics_ << nlohmann::json{{"step", steps_done}, {"val_loss", val_loss}, {"windows", windows}}
+                    .dump()
+             << "\n";
+    metrics_.flush();
+  }
+}
+
 void Reporter::summary() {
   if (!lead_) return;
   // The first steps warm up allocators and caches: medians skip them when there are enough.
@@ -130,10 +145,10 @@ void Reporter::summary() {
       "done: loss {:.4f} -> {:.4f} | median {:.0f} tok/s, {:.3f} s/step | peak {:.0f} "
       "MiB/rank\n",
       first_loss_, last_loss_, tps, median(times), mib(peak_mem_));
-  if (cuda_) {
-    double mfu = tps / dist_.group->size() * fsdp::models::minillm::train_flops_per_token(o_.model, o_.seq) / 989e12;
+  if (cuda_ && model_.flops_per_token > 0) {
+    double mfu = tps / dist_.group->size() * model_.flops_per_token / 989e12;
     fmt::print("MFU {:.1f}% of 989 TFLOP/s dense bf16 per GPU\n", 100 * mfu);
   }
 }
 
-}  // namespace minillm
+}  // namespace trainer

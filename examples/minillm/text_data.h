@@ -8,20 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "data.h"  // trainer/data.h
+
 namespace minillm {
 
-struct Batch {
-  torch::Tensor tokens;   // [batch, seq] int64
-  torch::Tensor targets;  // [batch, seq] int64: tokens shifted by one
-};
-
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  // Sequences [first, first + count) of the global batch of `step`.
-  virtual Batch slice(int step, int64_t first, int64_t count) const = 0;
-  virtual std::string describe() const = 0;
-};
+using trainer::Batch;
+using trainer::Dataset;
 
 // A file read as bytes (tokens 0..255). Sequence i of step s starts at an offset drawn from
 // (seed, s, i) alone.

@@ -1,4 +1,4 @@
-#include "data.h"
+#include "text_data.h"
 
 #include <fmt/format.h>
 

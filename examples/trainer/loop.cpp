@@ -1,0 +1,249 @@
+#include "loop.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "optimizer.h"
+
+namespace trainer {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --resume: the step to start from (0 without a checkpoint), with model and optimizer loaded.
+int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
+           const fsdp::Distributed& dist) {
+  if (!o.resume) return 0;
+  auto latest = fsdp::latest_checkpoint(o.save_dir);
+  const bool lead = dist.group->rank() == 0;
+  if (!latest) {
+    if (lead) fmt::print("resume: no checkpoint in {}; starting at step 0\n", o.save_dir);
+    return 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group);
+  if (lead) {
+    fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path,
+               info.step, info.world_size, seconds_since(t0));
+  }
+  return static_cast<int>(info.step);
+}
+
+// A checkpoint after `steps_done` steps.
+void save(const TrainOptions& o, int steps_done, Task& task, const torch::optim::Optimizer& opt,
+          const fsdp::Distributed& dist) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fsdp::SaveOptions options;
+  options.keep_last = o.keep;
+  options.metadata["data_step"] = std::to_string(steps_done);
+  auto path = fsdp::save_checkpoint(o.save_dir, steps_done, *task.module, &opt, dist.group, options);
+  if (dist.group->rank() == 0) fmt::print("saved {} in {:.2f} s\n", path, seconds_since(t0));
+}
+
+// The counters of the world group, and with hybrid sharding of the shard and replicate groups.
+std::vector<fsdp::CollectiveStats> group_stats(const fsdp::DeviceMesh& mesh) {
+  std::vector<fsdp::CollectiveStats> out{mesh.world->stats()};
+  if (mesh.hybrid()) {
+    out.push_back(mesh.shard->stats());
+    out.push_back(mesh.replicate->stats());
+  }
+  return out;
+}
+
+// End of --profile-steps: each rank writes its trace; rank 0 prints the operator table and
+// the communication figures read from its trace, beside the trainer's own exposed time.
+void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
+                    const fsdp::DeviceMesh& mesh, double trainer_exposed_s,
+                    const std::vector<fsdp::CollectiveStats>& before) {
+  const int rank = dist.group->rank();
+  const auto after = group_stats(mesh);
+  std::filesystem::create_directories(o.profile_dir);
+  const std::string path = fmt::format("{}/rank{}.json", o.profile_dir, rank);
+  auto summary = fsdp::stop_profiling(path);
+  if (rank != 0) return;
+  fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
+             o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
+  fmt::print(
+      "profile: compute {:.1f} ms on the training thread, communication {:.1f} ms on the comm "
+      "thread, exposed (training thread waiting) {:.1f} ms (the trainer's own count: {:.1f} ms), "
+      "overlap {:.0f}%\n",
+      summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
+      100 * summary.overlap);
+  const char* names[] = {"the process group", "the shard group", "the replicate group"};
+  for (size_t g = 0; g < after.size(); ++g) {
+    auto issued = [&](fsdp::CollectiveKind k) { return after[g].count(k) - before[g].count(k); };
+    fmt::print("profile: {} issued {} all-gathers, {} reduce-scatters, {} all-reduces\n", names[g],
+               issued(fsdp::CollectiveKind::kAllGather),
+               issued(fsdp::CollectiveKind::kReduceScatter),
+               issued(fsdp::CollectiveKind::kAllReduce));
+  }
+  fmt::print("profile: waits per unit (training thread)\n{}", fsdp::format_unit_waits(summary));
+  if (o.profile_shapes) {
+    fmt::print("profile: roofline: scripts/roofline.py {} --steps {}\n", path,
+               o.profile_last - o.profile_first + 1);
+  }
+}
+
+// Whether every rank's loss and the global gradient norm are finite (one all-reduce of the loss
+// sum: a NaN or infinity on any rank reaches every rank).
+bool finite_step(const torch::Tensor& loss, double grad_norm, const fsdp::Distributed& dist) {
+  auto sum = loss.detach().to(torch::kDouble).reshape({1}).clone();
+  dist.group->all_reduce(sum, fsdp::ReduceOp::kSum)->wait();
+  return std::isfinite(grad_norm) && std::isfinite(sum.item<double>());
+}
+
+// One step's forward and backward over o.grad_accum micro-batches: gradients accumulate
+// unsharded and are reduced with the last (or after each with --grad-accum-sync); each loss is
+// scaled so that their sum is the batch mean. Returns the loss summed over micro-batches.
+torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& batch,
+                               const c10::Device& device) {
+  const int64_t micro = batch.tokens.size(0) / o.grad_accum;
+  auto loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device));
+  for (int k = 0; k < o.grad_accum; ++k) {
+    task.root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
+    auto logits = task.logits(batch.tokens.narrow(0, k * micro, micro).to(device));
+    auto loss = torch::nn::functional::cross_entropy(
+                    logits.reshape({-1, task.vocab}).to(torch::kFloat),
+                    batch.targets.narrow(0, k * micro, micro).to(device).reshape(-1)) /
+                o.grad_accum;
+    loss.backward();
+    loss_sum += loss.detach();
+  }
+  return loss_sum;
+}
+
+// The gradient norm the step needs: clipped (--clip-grad-norm), or only measured for the
+// non-finite guard; 0 when neither.
+double grad_norm_of(const TrainOptions& o, Task& task) {
+  if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm);
+  if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root);
+  return 0;
+}
+
+}  // namespace
+
+int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
+                 const fsdp::DeviceMesh& mesh) {
+  const int rank = dist.group->rank();
+  const int64_t local_batch = o.batch / dist.group->size();
+  const int64_t startup_peak = fsdp::host_peak_rss_bytes();
+  auto opt = make_optimizer(o, *task.module);
+  Reporter report(o, dist, task.info);
+  report.header(task.root.memory_stats().sharded_param_bytes, startup_peak,
+                task.train ? task.train->describe() : "none");
+  auto validate = [&](int steps_done) {
+    if (!task.validation) return;
+    const double loss = validation_loss(*task.validation, task.logits, task.vocab, o.eval_batch,
+                                        *dist.group, dist.device);
+    report.validation(steps_done, loss, task.validation->count());
+  };
+
+  const int start = resume(o, task, *opt, dist);
+  if (o.eval_only) {
+    validate(start);
+    return 0;
+  }
+  double profile_comm_before = 0;
+  int skipped = 0;  // steps skipped by --nonfinite skip
+  std::vector<fsdp::CollectiveStats> profile_stats_before;
+  for (int step = start; step < o.steps; ++step) {
+    auto batch = task.train->slice(step, rank * local_batch, local_batch);
+    if (step == o.profile_first) {
+      profile_comm_before = task.root.comm_stats().exposed_seconds;
+      profile_stats_before = group_stats(mesh);
+      fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
+    }
+    const double lr = lr_at(o, step);
+    set_lr(*opt, lr);
+    report.start_step(task.root.comm_stats());
+    opt->zero_grad();
+    auto loss_sum = forward_backward(o, task, batch, dist.device);
+    const double grad_norm = grad_norm_of(o, task);
+    if (o.nonfinite != "off" && !finite_step(loss_sum, grad_norm, dist)) {
+      // The same verdict on every rank: the norm and the loss sum are global.
+      if (o.nonfinite == "stop") {
+        throw fsdp::Error(fmt::format(
+            "step {}: the loss or the gradient norm is not finite (gradient norm {}); stopped "
+            "before the optimizer step (--nonfinite skip skips such steps instead)",
+            step, grad_norm));
+      }
+      ++skipped;
+      if (rank == 0) {
+        fmt::print(
+            "step {}: the loss or the gradient norm is not finite (gradient norm {}); "
+            "optimizer step skipped ({} so far)\n",
+            step, grad_norm, skipped);
+      }
+    } else {
+      // Named so that a trace (and scripts/roofline.py) can tell the optimizer's ops apart.
+      RECORD_USER_SCOPE("optimizer_step");
+      opt->step();
+    }
+    report.end_step(step, loss_sum, grad_norm, lr, task.root.comm_stats(),
+                    task.root.memory_stats());
+    if (step == o.profile_last) {
+      report_profile(o, dist, mesh, task.root.comm_stats().exposed_seconds - profile_comm_before,
+                     profile_stats_before);
+    }
+    const int done = step + 1;
+    const bool last = done == o.steps;
+    if (!o.save_dir.empty() && ((o.save_every > 0 && done % o.save_every == 0) || last)) {
+      save(o, done, task, *opt, dist);
+    }
+    if ((o.eval_every > 0 && done % o.eval_every == 0 && !last) || last) validate(done);
+  }
+  if (task.finish) task.finish();
+  report.summary();
+  if (skipped > 0 && rank == 0) {
+    fmt::print("skipped {} of {} optimizer steps: the loss or the gradients were not finite\n",
+               skipped, o.steps - start);
+  }
+  return 0;
+}
+
+int trainer_main(int argc, char** argv,
+                 const std::function<Parsed(int argc, char** argv, int world)>& parse,
+                 const std::function<int()>& plan,
+                 const std::function<int(const fsdp::LaunchInfo&)>& run) {
+  // The launch is read once: its world size validates the flags before any communication.
+  fsdp::LaunchInfo launch;
+  try {
+    launch = fsdp::detect_launch();
+  } catch (const fsdp::LaunchError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  }
+  // Every rank parses the same arguments and reaches the same verdict, so all exit before any
+  // communication starts; only rank 0 prints it.
+  const Parsed parsed = parse(argc, argv, launch.world_size);
+  if (!parsed.run) {
+    if (launch.rank == 0) (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
+    return parsed.exit_code;
+  }
+  // The planner needs no communication: one process describes any world.
+  if (parsed.plan) return launch.rank == 0 ? plan() : 0;
+  if (parsed.track_host_memory) fsdp::track_host_tensor_memory();
+  try {
+    return run(launch);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", launch.rank, launch.world_size, e.what());
+    return 1;
+  }
+}
+
+int threads_for(int threads) {
+  if (threads > 0) return threads;
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  if (!local) local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+}
+
+}  // namespace trainer

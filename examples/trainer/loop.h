@@ -1,0 +1,52 @@
+// The training loop every trainer runs (train_minillm, train_llama): resume, steps of
+// micro-batches with the loss averaged, clipping, the non-finite guard, the learning-rate
+// schedule, validation, checkpoints and profiling. The model and the data are the trainer's.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "data.h"
+#include "evaluate.h"
+#include "fsdp/fsdp.h"
+#include "report.h"
+#include "train_options.h"
+
+namespace trainer {
+
+struct Task {
+  fsdp::FSDPModule root;          // the sharded model's root unit
+  torch::nn::Module* module;      // its module: state dicts, checkpoints
+  LogitsFn logits;                // tokens [B, L] -> logits [B, L, vocab], through the root
+  int64_t vocab = 0;
+  const Dataset* train = nullptr;
+  const Windows* validation = nullptr;  // null: no validation
+  ModelInfo info;
+  // After training (and the last checkpoint): exports, for example. Collective.
+  std::function<void()> finish;
+};
+
+// Runs `task` under `o` (the world is dist's, hybrid as o.replicas says); returns the exit
+// code. Throws what the library throws; the caller prints it.
+int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
+                 const fsdp::DeviceMesh& mesh);
+
+// The main of a trainer: reads the launch, parses (every rank reaches the same verdict, rank 0
+// prints it), runs --plan without communication, else `run` (errors printed with the rank).
+// `parse` returns the exit code and message when there is nothing to run.
+struct Parsed {
+  bool run = false;
+  int exit_code = 0;
+  std::string message;
+  bool plan = false;
+  bool track_host_memory = false;
+};
+int trainer_main(int argc, char** argv,
+                 const std::function<Parsed(int argc, char** argv, int world)>& parse,
+                 const std::function<int()>& plan,
+                 const std::function<int(const fsdp::LaunchInfo&)>& run);
+
+// Intra-op threads per rank: --threads, else the cores over the ranks on this machine.
+int threads_for(int threads);
+
+}  // namespace trainer

@@ -1,0 +1,214 @@
+#include "train_options.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace trainer {
+
+void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
+                     std::string& profile_steps) {
+  o.lr = defaults.lr;
+  o.beta2 = defaults.beta2;
+  o.weight_decay = defaults.weight_decay;
+  o.lr_schedule = defaults.lr_schedule;
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  app.add_option("--warmup", o.warmup,
+                 "Steps of linear warmup: step s < W trains at lr * (s + 1) / W")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "After warmup: constant, or cosine from --lr down to --lr-min at the last step")
+      ->check(CLI::IsMember({"constant", "cosine"}))
+      ->capture_default_str();
+  app.add_option("--lr-min", o.lr_min, "The cosine schedule's last learning rate")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay,
+                 "AdamW's decoupled weight decay, on parameters of 2 or more dimensions only "
+                 "(norms and biases get none)")
+      ->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW's beta1")->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW's beta2")->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
+                 "libtorch's torch::optim::AdamW (nine ops per parameter)")
+      ->check(CLI::IsMember({"fused-adamw", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
+                 "optimizer step; 0: no clipping")
+      ->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum,
+                 "Micro-batches per step: each rank's batch is split into this many, their "
+                 "gradients accumulate unsharded (no communication) and are reduced once")
+      ->capture_default_str();
+  app.add_flag("--grad-accum-sync", o.grad_accum_sync,
+               "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
+               "no full gradients kept; more communication)");
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "Keep only each block's input after forward and recompute its activations in "
+               "backward (less memory, about one more forward of compute)");
+  app.add_flag("--init-full-model", o.init_full_model,
+               "Build the whole model on every rank, then shard it (the default shards each "
+               "block as it is built: same values, a fraction of the memory)");
+  app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
+               "Keep blocks' full parameters from forward to backward (more memory, fewer "
+               "all-gathers)");
+  app.add_option("--save-dir", o.save_dir,
+                 "Write sharded checkpoints (parameters and optimizer state) to this directory");
+  app.add_option("--save-every", o.save_every,
+                 "Steps between checkpoints (0: one at the end); needs --save-dir")
+      ->capture_default_str();
+  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)")
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume,
+               "Continue from the latest complete checkpoint in --save-dir, saved at any world "
+               "size (none there: start from step 0)");
+  app.add_option("--eval-every", o.eval_every,
+                 "Validation loss every N steps and after the last (0: after the last only, when "
+                 "there is validation data)")
+      ->capture_default_str();
+  app.add_flag("--eval-only", o.eval_only,
+               "Print the validation loss of the weights given and exit, without training");
+  app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward")
+      ->capture_default_str();
+  app.add_option("--nonfinite", o.nonfinite,
+                 "A step whose loss or global gradient norm is NaN or infinite (on any rank): "
+                 "stop with an error naming it, skip its optimizer step (counted), or off (no "
+                 "check; saves one all-reduce per step)")
+      ->check(CLI::IsMember({"stop", "skip", "off"}))
+      ->capture_default_str();
+  app.add_option("--profile-steps", profile_steps,
+                 "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
+                 "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
+                 "operators and FSDP's communication figures");
+  app.add_option("--profile-dir", o.profile_dir, "Where --profile-steps writes its traces")
+      ->capture_default_str();
+  app.add_flag("!--no-profile-shapes", o.profile_shapes,
+               "Leave operator shapes and FLOPs out of the trace (less profiling overhead; "
+               "scripts/roofline.py needs them)");
+  app.add_option("--comm-timeout", o.comm_timeout_s,
+                 "Seconds a collective or the rendezvous may wait for the other ranks before the "
+                 "run fails with an error naming the operation (a dead or stuck rank)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--metrics-out", o.metrics_out,
+                 "Write one JSON object per step (and per validation) to this file");
+  app.add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / local ranks)")
+      ->capture_default_str();
+  app.add_option("--replicas", o.replicas,
+                 "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
+                 "replicas consecutive ranks; gradients are all-reduced across replicas")
+      ->capture_default_str();
+  app.add_flag("--track-host-memory", o.track_host_memory,
+               "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
+  app.add_flag("--plan", o.plan,
+               "Print the memory per rank and the communication per step these flags need "
+               "(the planner), then exit without training");
+  app.add_option("--plan-world", o.plan_world,
+                 "World size to plan for (default: the launched one)");
+  app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
+                 "Ranks per machine, consecutive (0: all on one machine)")
+      ->capture_default_str();
+  app.add_option("--plan-collectives", o.plan_collectives,
+                 "Measured collective times (collectives_bench --table) instead of --plan-links");
+  app.add_option("--plan-links", o.plan_links,
+                 "INTRA,INTER,LATENCY: bus bandwidth in GB/s within and between machines and "
+                 "microseconds per collective (default: typical H200 NVLink and 400 Gb/s "
+                 "InfiniBand figures, assumed)")
+      ->capture_default_str();
+  app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
+                 "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
+  app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
+}
+
+namespace {
+
+std::string check(const TrainOptions& o, int world) {
+  auto positive = [](int64_t v, const char* flag) -> std::string {
+    return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
+  };
+  for (auto err : {positive(o.seq, "--seq"), positive(o.batch, "--batch"),
+                   positive(o.steps, "--steps"), positive(o.eval_batch, "--eval-batch")}) {
+    if (!err.empty()) return err;
+  }
+  if (o.batch % world != 0) {
+    return fmt::format(
+        "--batch is the global batch in sequences and must split evenly over the {} ranks: "
+        "{} does not divide by {} (use a multiple of {})",
+        world, o.batch, world, world);
+  }
+  if (o.replicas < 1 || o.replicas > world || world % o.replicas != 0) {
+    return fmt::format(
+        "--replicas {} must divide the world of {} ranks (each replica is sharded over world / "
+        "replicas ranks)",
+        o.replicas, world);
+  }
+  if (o.plan_ranks_per_host < 0 || (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
+    return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
+                       o.plan_ranks_per_host, world);
+  }
+  if (!(o.plan_capacity_gib >= 0)) {
+    return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
+  }
+  if (o.grad_accum < 1) {
+    return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
+  }
+  if ((o.batch / world) % o.grad_accum != 0) {
+    return fmt::format(
+        "--grad-accum {} must divide the {} sequences each rank trains on per step (--batch {} "
+        "over {} ranks)",
+        o.grad_accum, o.batch / world, o.batch, world);
+  }
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return fmt::format("--lr must be positive, got {}", o.lr);
+  if (!(o.lr_min >= 0) || o.lr_min > o.lr) {
+    return fmt::format("--lr-min must lie in [0, --lr {}], got {}", o.lr, o.lr_min);
+  }
+  if (o.warmup < 0) return fmt::format("--warmup must be >= 0, got {}", o.warmup);
+  if (!(o.weight_decay >= 0)) {
+    return fmt::format("--weight-decay must be >= 0, got {}", o.weight_decay);
+  }
+  for (auto [beta, flag] : {std::pair{o.beta1, "--beta1"}, std::pair{o.beta2, "--beta2"}}) {
+    if (!(beta >= 0 && beta < 1)) return fmt::format("{} must lie in [0, 1), got {}", flag, beta);
+  }
+  if (!(o.clip_grad_norm >= 0) || std::isinf(o.clip_grad_norm)) {
+    return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
+                       o.clip_grad_norm);
+  }
+  if (o.save_every < 0) return fmt::format("--save-every must be >= 0, got {}", o.save_every);
+  if (o.keep < 0) return fmt::format("--keep must be >= 0, got {}", o.keep);
+  if (o.eval_every < 0) return fmt::format("--eval-every must be >= 0, got {}", o.eval_every);
+  if ((o.save_every > 0 || o.keep > 0 || o.resume) && o.save_dir.empty()) {
+    return "--save-every, --keep and --resume need --save-dir DIR";
+  }
+  if (o.profile_last >= o.steps) {
+    return fmt::format("--profile-steps {}:{} reaches past the last step ({} steps, 0-based)",
+                       o.profile_first, o.profile_last, o.steps);
+  }
+  if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
+  return "";
+}
+
+}  // namespace
+
+std::string finish_train_options(TrainOptions& o, const std::string& profile_steps, int world) {
+  if (!profile_steps.empty()) {
+    int a = -1, b = -1;
+    char colon = 0;
+    std::istringstream in(profile_steps);
+    if (!(in >> a >> colon >> b) || colon != ':' || !in.eof() || a < 0 || b < a) {
+      return fmt::format(
+          "--profile-steps {}: expected A:B with 0 <= A <= B (steps A to B, 0-based), e.g. 2:4",
+          profile_steps);
+    }
+    o.profile_first = a;
+    o.profile_last = b;
+  }
+  return check(o, world);
+}
+
+}  // namespace trainer
