@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <chrono>
 
-#include "fsdp/optim/fused_adamw.h"
 #include "fsdp/models/minillm.h"
+#include "fsdp/optim/fused_adamw.h"
 
 namespace {
 

@@ -19,8 +19,8 @@ double median(std::vector<double> v) {
 }
 
 // Median step time of `steps` steps after one warm-up step.
-double time_steps(bool sharded, const fsdp::models::minillm::Config& cfg, int64_t batch, int64_t seq, int steps,
-                  const std::string& dtype) {
+double time_steps(bool sharded, const fsdp::models::minillm::Config& cfg, int64_t batch,
+                  int64_t seq, int steps, const std::string& dtype) {
   torch::manual_seed(0);
   fsdp::models::minillm::MiniLLM model(cfg);
   fsdp::Unit<fsdp::models::minillm::MiniLLM> root(model);

@@ -69,8 +69,8 @@ fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distri
 
 trainer::PlanModel plan_model(const Options& o) {
   trainer::PlanModel m;
-  m.describe = fmt::format("MiniLLM vocab {} dim {} layers {} heads {}", o.model.vocab,
-                           o.model.dim, o.model.layers, o.model.heads);
+  m.describe = fmt::format("MiniLLM vocab {} dim {} layers {} heads {}", o.model.vocab, o.model.dim,
+                           o.model.layers, o.model.heads);
   m.units = [&o](int64_t sequences, int compute_bytes, bool checkpointed) {
     mm::PlanShape shape;
     shape.model = o.model;

@@ -15,9 +15,9 @@
 namespace trainer {
 
 struct Task {
-  fsdp::FSDPModule root;          // the sharded model's root unit
-  torch::nn::Module* module;      // its module: state dicts, checkpoints
-  LogitsFn logits;                // tokens [B, L] -> logits [B, L, vocab], through the root
+  fsdp::FSDPModule root;      // the sharded model's root unit
+  torch::nn::Module* module;  // its module: state dicts, checkpoints
+  LogitsFn logits;            // tokens [B, L] -> logits [B, L, vocab], through the root
   int64_t vocab = 0;
   const Dataset* train = nullptr;
   const Windows* validation = nullptr;  // null: no validation

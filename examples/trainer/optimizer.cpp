@@ -18,10 +18,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
     (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
   }
   auto options = [&](double wd) {
-    return torch::optim::AdamWOptions(o.lr)
-        .betas({o.beta1, o.beta2})
-        .eps(o.eps)
-        .weight_decay(wd);
+    return torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(wd);
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decay.empty()) {
@@ -40,8 +37,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
 double lr_at(const TrainOptions& o, int step) {
   if (step < o.warmup) return o.lr * (step + 1) / o.warmup;
   if (o.lr_schedule == "constant") return o.lr;
-  const double progress =
-      static_cast<double>(step - o.warmup) / std::max(1, o.steps - o.warmup);
+  const double progress = static_cast<double>(step - o.warmup) / std::max(1, o.steps - o.warmup);
   return o.lr_min + 0.5 * (o.lr - o.lr_min) * (1 + std::cos(M_PI * progress));
 }
 

@@ -5,7 +5,6 @@
 #include <fstream>
 #include <sstream>
 
-
 namespace trainer {
 namespace {
 
@@ -50,12 +49,11 @@ int run_plan(const TrainOptions& o, const PlanModel& model) {
   try {
     auto request = plan_request(o, model);
     auto plan = fsdp::plan::make_plan(request);
-    fmt::print(
-        "{} seq {} | global batch {} ({} per rank{}){}\n{}", model.describe, o.seq, o.batch,
-        o.batch / o.plan_world,
-        o.grad_accum > 1 ? fmt::format(" in {} micro-batches", o.grad_accum) : "",
-        o.activation_checkpointing ? " | activation checkpointing" : "",
-        fsdp::plan::format_plan(request, plan));
+    fmt::print("{} seq {} | global batch {} ({} per rank{}){}\n{}", model.describe, o.seq, o.batch,
+               o.batch / o.plan_world,
+               o.grad_accum > 1 ? fmt::format(" in {} micro-batches", o.grad_accum) : "",
+               o.activation_checkpointing ? " | activation checkpointing" : "",
+               fsdp::plan::format_plan(request, plan));
     if (!o.plan_json.empty()) {
       std::ofstream out(o.plan_json);
       out << fsdp::plan::plan_json(request, plan) << "\n";

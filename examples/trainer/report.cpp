@@ -127,9 +127,9 @@ void Reporter::validation(int steps_done, double val_loss, int64_t windows) {
              val_loss, windows, o_.seq);
   std::fflush(stdout);
   if (metrics_.is_open()) {
-    metrics_ << nlohmann::json{{"step", steps_done}, {"val_loss", val_loss}, {"windows", windows}}
-                    .dump()
-             << "\n";
+    metrics_
+        << nlohmann::json{{"step", steps_done}, {"val_loss", val_loss}, {"windows", windows}}.dump()
+        << "\n";
     metrics_.flush();
   }
 }

@@ -17,9 +17,9 @@ namespace trainer {
 
 // What the header says about the model.
 struct ModelInfo {
-  std::string name;         // "MiniLLM", "Llama"
-  std::string sizes;        // "vocab 32000 dim 256 layers 4 heads 8"
-  int64_t parameters = 0;   // each tensor once
+  std::string name;            // "MiniLLM", "Llama"
+  std::string sizes;           // "vocab 32000 dim 256 layers 4 heads 8"
+  int64_t parameters = 0;      // each tensor once
   double flops_per_token = 0;  // training FLOPs per token (MFU on GPUs)
 };
 

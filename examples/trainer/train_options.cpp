@@ -148,7 +148,8 @@ std::string check(const TrainOptions& o, int world) {
         "replicas ranks)",
         o.replicas, world);
   }
-  if (o.plan_ranks_per_host < 0 || (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
+  if (o.plan_ranks_per_host < 0 ||
+      (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
     return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
                        o.plan_ranks_per_host, world);
   }
@@ -164,7 +165,8 @@ std::string check(const TrainOptions& o, int world) {
         "over {} ranks)",
         o.grad_accum, o.batch / world, o.batch, world);
   }
-  if (!(o.lr > 0) || !std::isfinite(o.lr)) return fmt::format("--lr must be positive, got {}", o.lr);
+  if (!(o.lr > 0) || !std::isfinite(o.lr))
+    return fmt::format("--lr must be positive, got {}", o.lr);
   if (!(o.lr_min >= 0) || o.lr_min > o.lr) {
     return fmt::format("--lr-min must lie in [0, --lr {}], got {}", o.lr, o.lr_min);
   }

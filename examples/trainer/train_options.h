@@ -4,7 +4,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 
@@ -32,9 +31,9 @@ struct TrainOptions {
   int warmup = 0;
   std::string lr_schedule = "constant";  // constant | cosine
   double lr_min = 0;
-  double clip_grad_norm = 0;     // > 0: clip gradients to this global 2-norm before each step
-  int grad_accum = 1;            // micro-batches per step, the rank's batch split evenly
-  bool grad_accum_sync = false;  // reduce-scatter after every micro-batch instead of once
+  double clip_grad_norm = 0;       // > 0: clip gradients to this global 2-norm before each step
+  int grad_accum = 1;              // micro-batches per step, the rank's batch split evenly
+  bool grad_accum_sync = false;    // reduce-scatter after every micro-batch instead of once
   std::string nonfinite = "stop";  // stop | skip | off: a NaN/inf loss or gradient norm
 
   // Checkpoints and outputs.
@@ -52,7 +51,7 @@ struct TrainOptions {
   // Profiling and memory.
   int profile_first = -1, profile_last = -1;  // --profile-steps A:B (inclusive); -1: off
   std::string profile_dir = "profile";
-  bool profile_shapes = true;  // record operator shapes and FLOPs (scripts/roofline.py)
+  bool profile_shapes = true;      // record operator shapes and FLOPs (scripts/roofline.py)
   bool track_host_memory = false;  // count CPU tensor bytes (host_tensor_peak_bytes per step)
 
   // --plan: print what a run with these flags needs (fsdp/tools/planner.h) instead of training.

@@ -1,6 +1,6 @@
-// save_checkpoint, latest_checkpoint, load_checkpoint (fsdp/checkpoint/checkpoint.h). Every phase that can
-// fail on one rank ends with agree_or_throw, so all ranks fail together and none waits forever
-// in a collective the failed rank never reaches.
+// save_checkpoint, latest_checkpoint, load_checkpoint (fsdp/checkpoint/checkpoint.h). Every phase
+// that can fail on one rank ends with agree_or_throw, so all ranks fail together and none waits
+// forever in a collective the failed rank never reaches.
 #include "fsdp/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -19,11 +19,11 @@
 #include <unordered_set>
 
 #include "checkpoint/agreement.h"
-#include "util/check.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/posix_files.h"
 #include "checkpoint/rank_file.h"
 #include "fsdp/checkpoint/state_dict.h"
+#include "util/check.h"
 
 #ifndef FSDP_VERSION
 #define FSDP_VERSION "unknown"
@@ -267,13 +267,13 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
                                         c10::toString(t.local.scalar_type()),
                                         shape_str(t.global_shape)));
     }
-    out.copies.emplace_back(t.local, read_rows_like(dir, st, t.row_offset, t.rows(),
-                                                    t.local.sizes().vec()));
+    out.copies.emplace_back(t.local,
+                            read_rows_like(dir, st, t.row_offset, t.rows(), t.local.sizes().vec()));
   }
   if (optimizer) {
     if (m.optimizer != kind) {
-      throw CheckpointError(fmt::format("{} holds the state of optimizer '{}', not of '{}'", dir,
-                                        m.optimizer, kind));
+      throw CheckpointError(
+          fmt::format("{} holds the state of optimizer '{}', not of '{}'", dir, m.optimizer, kind));
     }
     for (const auto& t : m.tensors) {
       const auto hash = t.name.rfind('#');

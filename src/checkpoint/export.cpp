@@ -28,8 +28,8 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
     if (writer_rank) {
       std::vector<SafetensorsWriter::Spec> specs;
       for (const auto& [name, t] : get_model_state_dict(model)) {
-        const auto dtype = options.dtype && t.local.is_floating_point() ? *options.dtype
-                                                                        : t.local.scalar_type();
+        const auto dtype =
+            options.dtype && t.local.is_floating_point() ? *options.dtype : t.local.scalar_type();
         specs.push_back({name, dtype, t.global_shape});
       }
       writer = std::make_unique<SafetensorsWriter>(tmp, std::move(specs), options.metadata);

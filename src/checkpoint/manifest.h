@@ -1,5 +1,5 @@
-// Internal: a checkpoint's manifest.json (fsdp/checkpoint/checkpoint.h describes the layout): what was
-// saved, by which world size, and where every rank's rows of every tensor are.
+// Internal: a checkpoint's manifest.json (fsdp/checkpoint/checkpoint.h describes the layout): what
+// was saved, by which world size, and where every rank's rows of every tensor are.
 #pragma once
 
 #include <ATen/ATen.h>

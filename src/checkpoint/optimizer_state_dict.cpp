@@ -40,13 +40,14 @@ std::string bytes_string(const at::Tensor& t) {
 }
 
 // The model's parameters (their state dict entries), and that the optimizer's are among them.
-ShardedStateDict params_of(const torch::nn::Module& model,
-                           const torch::optim::Optimizer& optimizer, const char* what) {
+ShardedStateDict params_of(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                           const char* what) {
   std::unordered_set<const void*> ids;
   for (const auto& p : model.parameters(/*recurse=*/true)) ids.insert(p.unsafeGetTensorImpl());
   ShardedStateDict params;
   for (auto& [name, t] : get_model_state_dict(model)) {
-    if (ids.count(t.local.unsafeGetTensorImpl())) params.emplace_back(name, std::move(t));  // not buffers
+    if (ids.count(t.local.unsafeGetTensorImpl()))
+      params.emplace_back(name, std::move(t));  // not buffers
   }
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {
@@ -108,15 +109,18 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
       const auto& [name, t] = state[i];
       if (name == kKindName) {
         const std::string saved = bytes_string(t.local);
-        FSDP_CHECK_ARG(saved == kind, "{}: the state dict holds the state of a {} optimizer, "
-                       "this one is {}", what, saved, kind);
+        FSDP_CHECK_ARG(saved == kind,
+                       "{}: the state dict holds the state of a {} optimizer, "
+                       "this one is {}",
+                       what, saved, kind);
         continue;
       }
       if (name.rfind(kGroupPrefix, 0) == 0) {
         const size_t g = std::stoul(name.substr(std::strlen(kGroupPrefix)));
         FSDP_CHECK_ARG(g < optimizer.param_groups().size(),
                        "{}: the state dict holds options of param group {}, the optimizer has {} "
-                       "groups", what, g, optimizer.param_groups().size());
+                       "groups",
+                       what, g, optimizer.param_groups().size());
         groups.emplace_back(g, i);
         continue;
       }
@@ -144,8 +148,9 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
     for (const auto& [field, i] : it->second) {
       const ShardedTensor& src = state[i].second;
       const bool scalar = src.global_shape.empty();
-      at::Tensor target = scalar ? at::empty({}, src.local.options().dtype(at::kLong))
-                                 : at::empty(p.local.sizes(), p.local.options().dtype(src.local.scalar_type()));
+      at::Tensor target =
+          scalar ? at::empty({}, src.local.options().dtype(at::kLong))
+                 : at::empty(p.local.sizes(), p.local.options().dtype(src.local.scalar_type()));
       moves.push_back({name + "#" + field, src.local, src.row_offset, target,
                        scalar ? 0 : p.row_offset, src.global_shape});
       owners.emplace_back(&p, field);
@@ -164,9 +169,9 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
   }
   for (const auto& [name, p] : params) {
     auto it = states.find(&p);
-    detail::write_param_state(optimizer, kind, p.local,
-                              it == states.end() ? std::nullopt
-                                                 : std::optional<detail::ParamState>(it->second));
+    detail::write_param_state(
+        optimizer, kind, p.local,
+        it == states.end() ? std::nullopt : std::optional<detail::ParamState>(it->second));
   }
   for (const auto& [g, i] : groups) {
     detail::restore_group_options(optimizer.param_groups()[g], state[i].second.local);

@@ -47,8 +47,9 @@ void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr&
     // Every rank joins every gather (in the same order), whether it keeps the result or not.
     // A tensor of the visitor's own: a replicated one is the live parameter or buffer, copied
     // (such tensors are the small ones: norms and biases outside units, buffers).
-    at::Tensor full = s.replicated ? s.local.detach().clone()
-                                   : detail::all_gather_full(*s.shard_group, s.local, s.global_shape);
+    at::Tensor full = s.replicated
+                          ? s.local.detach().clone()
+                          : detail::all_gather_full(*s.shard_group, s.local, s.global_shape);
     if (!receives) continue;
     if (options.dtype && full.is_floating_point()) full = full.to(*options.dtype);
     if (options.cpu_offload) full = full.cpu();
@@ -81,7 +82,9 @@ std::unordered_map<std::string, std::string> state_dict_names(const torch::nn::M
   return out;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 // Looks every entry of `given` (by any of the model's names) up against the model's state dict
 // `want`: each of `want` must be present once with its global shape, and `given` may hold
@@ -94,8 +97,9 @@ std::vector<size_t> match(const torch::nn::Module& model, const ShardedStateDict
   std::unordered_map<std::string, size_t> by_name;
   for (size_t i = 0; i < given.size(); ++i) {
     auto it = names.find(given[i].first);
-    FSDP_CHECK_ARG(it != names.end(), "{}: the state dict holds '{}', which the model does not have",
-                   what, given[i].first);
+    FSDP_CHECK_ARG(it != names.end(),
+                   "{}: the state dict holds '{}', which the model does not have", what,
+                   given[i].first);
     FSDP_CHECK_ARG(by_name.emplace(it->second, i).second,
                    "{}: the state dict holds '{}' twice (under two names of one tensor)", what,
                    it->second);
@@ -121,8 +125,9 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
   std::vector<size_t> index;
   std::string error;
   try {
-    index = match(model, want, state, [](const ShardedTensor& t) { return t.global_shape; },
-                  "set_model_state_dict");
+    index = match(
+        model, want, state, [](const ShardedTensor& t) { return t.global_shape; },
+        "set_model_state_dict");
   } catch (...) {
     error = detail::current_exception_message();
   }
@@ -131,8 +136,8 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
   for (size_t i = 0; i < want.size(); ++i) {
     const ShardedTensor& src = state[index[i]].second;
     const ShardedTensor& dst = want[i].second;
-    moves.push_back({want[i].first, src.local, src.row_offset, dst.local, dst.row_offset,
-                     dst.global_shape});
+    moves.push_back(
+        {want[i].first, src.local, src.row_offset, dst.local, dst.row_offset, dst.global_shape});
   }
   detail::redistribute(moves, *world);
 }
@@ -146,8 +151,9 @@ void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
   std::string error;
   try {
     if (reads) {
-      index = match(model, want, state, [](const at::Tensor& t) { return t.sizes().vec(); },
-                    "set_model_state_dict");
+      index = match(
+          model, want, state, [](const at::Tensor& t) { return t.sizes().vec(); },
+          "set_model_state_dict");
     }
   } catch (...) {
     error = detail::current_exception_message();
@@ -159,9 +165,9 @@ void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
     at::Tensor full;
     if (rank0_only) {
       // One tensor at a time from rank 0: every rank holds at most one full tensor.
-      full = reads ? state[index[i]].second.to(world->device(), dst.local.scalar_type()).contiguous()
-                   : at::empty(dst.global_shape,
-                               dst.local.options().device(world->device()));
+      full = reads
+                 ? state[index[i]].second.to(world->device(), dst.local.scalar_type()).contiguous()
+                 : at::empty(dst.global_shape, dst.local.options().device(world->device()));
       world->broadcast(full, 0)->wait();
     } else {
       full = state[index[i]].second;

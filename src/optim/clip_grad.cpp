@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "fsdp/errors.h"
-#include "util/check.h"
 #include "runtime/local_shards.h"
+#include "util/check.h"
 
 namespace fsdp {
 
@@ -99,9 +99,10 @@ double model_norm(const FSDPModule& model, double norm_type, const char* what,
   }
   const auto device = grads.empty() ? at::Device(at::kCPU) : grads.front().device();
   at::Tensor mine = local_part(sharded, norm_type, device);
-  if (!group) return finish_norm(mine.cpu().item<double>() +
-                                     local_part(whole, norm_type, device).cpu().item<double>(),
-                                 norm_type);
+  if (!group)
+    return finish_norm(
+        mine.cpu().item<double>() + local_part(whole, norm_type, device).cpu().item<double>(),
+        norm_type);
   if (!whole.empty()) {
     auto w = local_part(whole, norm_type, device);
     mine = inf ? at::maximum(mine, w) : mine + w / group->size();

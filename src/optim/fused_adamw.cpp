@@ -7,8 +7,8 @@
 #include <tuple>
 
 #include "fsdp/errors.h"
-#include "util/check.h"
 #include "tools/range.h"
+#include "util/check.h"
 
 namespace fsdp {
 

@@ -13,6 +13,8 @@
 // parameters for the backward that follows at once and leave the forward order alone
 // (UnitState::pre_forward).
 // hooks see the tree in its backward phase.
+#include "runtime/activation_checkpoint.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -22,9 +24,8 @@
 #include <utility>
 
 #include "fsdp/errors.h"
-#include "runtime/activation_checkpoint.h"
-#include "tools/range.h"
 #include "runtime/unit_state.h"
+#include "tools/range.h"
 
 namespace fsdp::detail {
 namespace {

@@ -95,7 +95,8 @@ void FsdpParam::copy_full_from(const at::Tensor& gathered, int world, Accounting
   at::NoGradGuard no_grad;
   auto full_rows = full_.view({full_shape_[0], row_numel_});
   for (int r = 0; r < world; ++r) {
-    const ShardRange rows = world == this->world() ? ranges_[r] : shard_range(full_shape_[0], world, r);
+    const ShardRange rows =
+        world == this->world() ? ranges_[r] : shard_range(full_shape_[0], world, r);
     if (rows.rows() == 0) continue;
     full_rows.narrow(0, rows.begin, rows.rows())
         .copy_(gathered[r].narrow(0, 0, rows.rows() * row_numel_).view({rows.rows(), row_numel_}));

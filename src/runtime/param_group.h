@@ -24,9 +24,9 @@ namespace fsdp::detail {
 
 // How a post-backward reduces, from the unit's settings.
 struct ReduceSettings {
-  bool reduce = true;       // set_requires_gradient_sync: else keep full gradients
-  bool all_reduce = true;   // set_requires_all_reduce (hybrid): else keep the reduced shard
-  bool if_unused = false;   // set_reduce_scatter_unused_params: zeros when nothing got a grad
+  bool reduce = true;        // set_requires_gradient_sync: else keep full gradients
+  bool all_reduce = true;    // set_requires_all_reduce (hybrid): else keep the reduced shard
+  bool if_unused = false;    // set_reduce_scatter_unused_params: zeros when nothing got a grad
   double divide_factor = 0;  // set_gradient_divide_factor; 0: the number of ranks
 };
 

@@ -21,8 +21,8 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto callback = c10::static_intrusive_pointer_cast<Callback>(
-        ctx->saved_data["callback"].toCapsule());
+    auto callback =
+        c10::static_intrusive_pointer_cast<Callback>(ctx->saved_data["callback"].toCapsule());
     // Once per graph: a graph kept (retain_graph) and run again must not run it twice.
     if (auto fn = std::move(callback->fn)) {
       callback->fn = nullptr;

@@ -29,7 +29,8 @@ void Tree::init(UnitState& root) {
   // here for units fully_shard could not compare (neither inside the other).
   std::vector<std::pair<const c10::TensorImpl*, UnitState*>> owners;
   for (UnitState* s : tree) {
-    for (const auto& p : s->group().params()) owners.emplace_back(p.param().unsafeGetTensorImpl(), s);
+    for (const auto& p : s->group().params())
+      owners.emplace_back(p.param().unsafeGetTensorImpl(), s);
   }
   std::sort(owners.begin(), owners.end());
   for (size_t i = 1; i < owners.size(); ++i) {
@@ -45,7 +46,8 @@ void Tree::init(UnitState& root) {
   if (auto module = root.module()) {
     for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
       for (UnitState* s : tree) {
-        if (s->module().get() == item.value().get()) s->set_name(item.key().empty() ? "(root)" : item.key());
+        if (s->module().get() == item.value().get())
+          s->set_name(item.key().empty() ? "(root)" : item.key());
       }
     }
   }
@@ -149,8 +151,7 @@ void Tree::end_backward() {
 bool Tree::stale() const {
   if (phase_ == Phase::kBackward) return callback_token_.expired();
   if (phase_ == Phase::kForward) {
-    return std::all_of(outputs_.begin(), outputs_.end(),
-                       [](const auto& o) { return o.expired(); });
+    return std::all_of(outputs_.begin(), outputs_.end(), [](const auto& o) { return o.expired(); });
   }
   return false;
 }

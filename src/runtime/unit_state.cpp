@@ -16,8 +16,7 @@ UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, const Dev
                      ProcessGroupPtr post_forward)
     : module_(module),
       options_(std::move(options)),
-      group_(std::move(params), mesh, options_.mp_policy, std::move(post_forward),
-             module->name()),
+      group_(std::move(params), mesh, options_.mp_policy, std::move(post_forward), module->name()),
       tree_(std::make_shared<Tree>()) {
   settings_.reshard_after_forward = options_.reshard_after_forward;
 }

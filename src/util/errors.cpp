@@ -1,6 +1,6 @@
-#include <fmt/format.h>
-
 #include "fsdp/errors.h"
+
+#include <fmt/format.h>
 
 namespace fsdp {
 

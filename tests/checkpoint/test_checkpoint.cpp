@@ -11,10 +11,10 @@
 #include <fstream>
 
 #include "fsdp/checkpoint/checkpoint.h"
-#include "fsdp/io/safetensors.h"
-#include "support/train_harness.h"
 #include "fsdp/checkpoint/export.h"
+#include "fsdp/io/safetensors.h"
 #include "support/expect_error.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {

@@ -245,8 +245,8 @@ TEST(StateDict, MismatchesAreRefusedOnEveryRankBeforeAnyChange) {
         const auto before = to_map(get_full_model_state_dict(*model, pg));
         auto first = want.begin()->first;
         FullStateDict missing(std::next(want.begin()), want.end());
-        expect_error_containing<CheckpointError>(
-            [&] { set_model_state_dict(*model, missing, pg); }, "has no '" + first + "'");
+        expect_error_containing<CheckpointError>([&] { set_model_state_dict(*model, missing, pg); },
+                                                 "has no '" + first + "'");
         FullStateDict extra(want.begin(), want.end());
         extra.emplace_back("not.a.parameter", at::zeros({2}));
         expect_error_containing<CheckpointError>([&] { set_model_state_dict(*model, extra, pg); },
@@ -345,12 +345,13 @@ INSTANTIATE_TEST_SUITE_P(
                             std::move(p),
                             torch::optim::RMSpropOptions(1e-3).centered(true).momentum(0.9));
                       }},
-        OptimizerCase{"adagrad",
-                      [](std::vector<at::Tensor> p) {
-                        return std::make_unique<torch::optim::Adagrad>(
-                            std::move(p),
-                            torch::optim::AdagradOptions(1e-2).lr_decay(1e-3).initial_accumulator_value(0.1));
-                      }},
+        OptimizerCase{
+            "adagrad",
+            [](std::vector<at::Tensor> p) {
+              return std::make_unique<torch::optim::Adagrad>(
+                  std::move(p),
+                  torch::optim::AdagradOptions(1e-2).lr_decay(1e-3).initial_accumulator_value(0.1));
+            }},
         OptimizerCase{"fused_adamw",
                       [](std::vector<at::Tensor> p) {
                         return std::make_unique<FusedAdamW>(std::move(p),

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/comm/backends.h"
-#include "fsdp/errors.h"
 #include "fsdp/comm/fake_group.h"
 #include "fsdp/comm/local_group.h"
+#include "fsdp/errors.h"
 #include "support/expect_error.h"
 
 namespace fsdp {

@@ -2,8 +2,8 @@
 // and the numbers of a world in which every rank holds the same data.
 #include <gtest/gtest.h>
 
-#include "fsdp/errors.h"
 #include "fsdp/comm/fake_group.h"
+#include "fsdp/errors.h"
 
 namespace fsdp {
 namespace {

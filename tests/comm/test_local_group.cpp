@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "comm/collective_cases.h"
-#include "fsdp/errors.h"
 #include "fsdp/comm/local_group.h"
+#include "fsdp/errors.h"
 
 namespace fsdp {
 namespace {

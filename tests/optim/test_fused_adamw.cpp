@@ -5,14 +5,15 @@
 #include <torch/torch.h>
 
 #include "fsdp/errors.h"
-#include "fsdp/optim/fused_adamw.h"
 #include "fsdp/models/minillm.h"
+#include "fsdp/optim/fused_adamw.h"
 
 namespace {
 
 fsdp::models::minillm::MiniLLM tiny_model() {
   torch::manual_seed(3);
-  return fsdp::models::minillm::MiniLLM(fsdp::models::minillm::Config{/*vocab=*/97, /*dim=*/32, /*layers=*/2, /*heads=*/4});
+  return fsdp::models::minillm::MiniLLM(
+      fsdp::models::minillm::Config{/*vocab=*/97, /*dim=*/32, /*layers=*/2, /*heads=*/4});
 }
 
 // Steps a copy of tiny_model() `steps` times with optimizer type Opt, feeding the same gradient
@@ -20,8 +21,9 @@ fsdp::models::minillm::MiniLLM tiny_model() {
 // rounding-sized instead of being amplified by training, where Adam turns the noise of a
 // zero-gradient parameter (attention's key bias) into full-size steps. Returns the parameters.
 template <typename Opt>
-std::vector<torch::Tensor> train(torch::optim::AdamWOptions options, int steps,
-                                 std::function<void(fsdp::models::minillm::MiniLLM&)> edit = nullptr) {
+std::vector<torch::Tensor> train(
+    torch::optim::AdamWOptions options, int steps,
+    std::function<void(fsdp::models::minillm::MiniLLM&)> edit = nullptr) {
   auto model = tiny_model();
   if (edit) edit(model);
   Opt opt(model->parameters(), options);

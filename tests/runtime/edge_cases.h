@@ -51,7 +51,8 @@ inline EdgeProgram zero_grad_program(ZeroGradAt at, bool set_to_none) {
   };
 }
 
-// --- requires_grad changing -----------------------------------------------------------------------
+// --- requires_grad changing
+// -----------------------------------------------------------------------
 
 // Sets requires_grad of the parameters whose names start with any of `prefixes`.
 inline void set_trainable(EdgeNetImpl& net, const std::vector<std::string>& prefixes, bool on) {
@@ -78,7 +79,8 @@ inline EdgeProgram freeze_program(std::vector<std::string> frozen, int from, int
   };
 }
 
-// --- failures ---------------------------------------------------------------------------------------
+// --- failures
+// ---------------------------------------------------------------------------------------
 
 enum class Failure { kInnerForward, kRootForward, kBackwardHook, kSkippedBackward };
 
@@ -127,7 +129,8 @@ inline EdgeProgram failure_program(Failure f, int at, std::shared_ptr<Probe> pro
   };
 }
 
-// --- running both ------------------------------------------------------------------------------------
+// --- running both
+// ------------------------------------------------------------------------------------
 
 // The unsharded result of `program` (computed once per process).
 inline EdgeResult reference_of(const EdgeSpec& spec, const EdgeProgram& program,

@@ -11,7 +11,8 @@
 namespace fsdp::testing {
 namespace {
 
-// --- zero_grad ------------------------------------------------------------------------------------
+// --- zero_grad
+// ------------------------------------------------------------------------------------
 
 struct ZeroGradCase {
   ZeroGradAt at;
@@ -55,7 +56,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, ZeroGrad, ::testing::ValuesIn(zero_grad_cas
                                   (info.param.reshard_after_forward ? "_reshard" : "_keep");
                          });
 
-// --- requires_grad changing after fully_shard -----------------------------------------------------
+// --- requires_grad changing after fully_shard
+// -----------------------------------------------------
 
 struct FreezeCase {
   std::string name;
@@ -77,10 +79,11 @@ TEST_P(Trainable, ReadAtEachStep) {
   if (c.at_shard_time) {
     spec.edit = [c](EdgeNetImpl& net) { set_trainable(net, c.frozen, false); };
   }
-  const auto program = freeze_program(c.frozen, c.at_shard_time ? -1 : c.from, c.to,
-                                      c.micro_batches);
+  const auto program =
+      freeze_program(c.frozen, c.at_shard_time ? -1 : c.from, c.to, c.micro_batches);
   const auto want = reference_of(spec, program);
-  const std::vector<int> worlds = c.replicas > 1 ? std::vector<int>{4} : std::vector<int>{1, 2, 3, 4};
+  const std::vector<int> worlds =
+      c.replicas > 1 ? std::vector<int>{4} : std::vector<int>{1, 2, 3, 4};
   for (int world : worlds) {
     run_local_ranks(
         world,
@@ -98,10 +101,13 @@ INSTANTIATE_TEST_SUITE_P(
         // Frozen at fully_shard time, unfrozen later: gets its gradient from then on.
         FreezeCase{"frozen_at_shard_then_unfrozen", {"in.", "blocks.1."}, 0, 3, true},
         // Only the biases train, all along.
-        FreezeCase{"biases_only", {"in.weight", "blocks.0.fc1.weight", "blocks.0.fc2.weight",
-                                   "blocks.1.fc1.weight", "blocks.1.fc2.weight",
-                                   "blocks.2.fc1.weight", "blocks.2.fc2.weight", "head.weight"},
-                   0, 1000, true},
+        FreezeCase{
+            "biases_only",
+            {"in.weight", "blocks.0.fc1.weight", "blocks.0.fc2.weight", "blocks.1.fc1.weight",
+             "blocks.1.fc2.weight", "blocks.2.fc1.weight", "blocks.2.fc2.weight", "head.weight"},
+            0,
+            1000,
+            true},
         // Frozen after fully_shard, then unfrozen.
         FreezeCase{"frozen_after_shard", {"head.", "blocks.0."}, 2, 4, false},
         // A whole unit frozen at fully_shard time, unfrozen at step 3.
@@ -153,7 +159,8 @@ TEST(TrainableBytes, ReduceScatterCarriesOnlyTrainableParameters) {
       test_options());
 }
 
-// --- failures ----------------------------------------------------------------------------------------
+// --- failures
+// ----------------------------------------------------------------------------------------
 
 class Failures : public ::testing::TestWithParam<Failure> {};
 
@@ -196,8 +203,8 @@ TEST(FailuresThen, SettingsAcceptedAfterAFailedBackward) {
         auto root = shard_edge_net(net, flat_mesh(pg), spec);
         auto [x, y] = edge_batch(spec, 0);
         probe->throw_in_backward = 1;
-        auto loss = torch::nn::functional::cross_entropy(root(rank_slice(x, pg, 6)),
-                                                         rank_slice(y, pg, 6));
+        auto loss =
+            torch::nn::functional::cross_entropy(root(rank_slice(x, pg, 6)), rank_slice(y, pg, 6));
         EXPECT_THROW(loss.backward(), std::exception);
         EXPECT_NO_THROW(root.set_requires_gradient_sync(false));
         EXPECT_NO_THROW(root.set_requires_gradient_sync(true));

@@ -10,10 +10,10 @@
 #include <string>
 
 #include "fsdp/checkpoint/checkpoint.h"
-#include "fsdp/optim/clip_grad.h"
+#include "fsdp/checkpoint/export.h"
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/io/safetensors.h"
-#include "fsdp/checkpoint/export.h"
+#include "fsdp/optim/clip_grad.h"
 #include "support/expect_error.h"
 #include "support/train_harness.h"
 

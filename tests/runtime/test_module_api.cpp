@@ -311,8 +311,8 @@ TEST(ModuleApi, SetGradientDivideFactor) {
         for (size_t i = 0; i < grads[0].size(); ++i) {
           EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i] * 4, 1e-5, 1e-7)) << i;
         }
-        expect_error_containing<InvalidArgument>([&] { FSDPModule().set_gradient_divide_factor(1); },
-                                                 "not applied");
+        expect_error_containing<InvalidArgument>(
+            [&] { FSDPModule().set_gradient_divide_factor(1); }, "not applied");
       },
       test_options());
 }
@@ -353,7 +353,9 @@ TEST(ModuleApi, MixedPrecisionInputsAndOutputs) {
         [&](const ProcessGroupPtr& pg) {
           auto probe = std::make_shared<Probe>();
           std::map<int, at::ScalarType> seen;
-          probe->on_forward = [&](int block, const at::Tensor& x) { seen[block] = x.scalar_type(); };
+          probe->on_forward = [&](int block, const at::Tensor& x) {
+            seen[block] = x.scalar_type();
+          };
           auto net = build_edge_net(spec, probe);
           FullyShardOptions block_options;
           block_options.mp_policy.param_dtype = at::kBFloat16;

@@ -106,8 +106,10 @@ EdgeResult run_edge(const EdgeSpec& spec, const DeviceMesh* mesh, const EdgeProg
                  [&](int k, int parts) {
                    if (local % parts != 0) {
                      throw std::invalid_argument("edge test: the rank's slice of " +
-                                                 std::to_string(local) + " rows does not split "
-                                                 "into " + std::to_string(parts) + " parts");
+                                                 std::to_string(local) +
+                                                 " rows does not split "
+                                                 "into " +
+                                                 std::to_string(parts) + " parts");
                    }
                    const int64_t n = local / parts;
                    auto xs = mine_x.narrow(0, k * n, n), ys = mine_y.narrow(0, k * n, n);
@@ -116,7 +118,10 @@ EdgeResult run_edge(const EdgeSpec& spec, const DeviceMesh* mesh, const EdgeProg
                    last = (k == 0 ? 0 : last) + loss.item<double>();
                    return loss;
                  },
-                 opt, *net, root.get(), world};
+                 opt,
+                 *net,
+                 root.get(),
+                 world};
     program(ctx);
     if (world) {
       auto l = at::full({1}, last, at::kDouble);
@@ -146,13 +151,13 @@ double max_rel_error(const EdgeResult& got, const EdgeResult& want) {
     if (got.params[i].first != want.params[i].first || !a.sizes().equals(b.sizes())) {
       return std::numeric_limits<double>::infinity();
     }
-    const double err = (a - b).abs().max().item<double>() /
-                       std::max(b.abs().max().item<double>(), 1e-12);
+    const double err =
+        (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-12);
     worst = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(worst, err);
   }
   for (size_t i = 0; i < got.losses.size(); ++i) {
-    const double err = std::abs(got.losses[i] - want.losses[i]) /
-                       std::max(std::abs(want.losses[i]), 1e-12);
+    const double err =
+        std::abs(got.losses[i] - want.losses[i]) / std::max(std::abs(want.losses[i]), 1e-12);
     worst = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(worst, err);
   }
   return worst;

@@ -9,11 +9,11 @@
 #include <cstdio>
 #include <fstream>
 
+#include "fsdp/models/minillm_plan.h"
 #include "fsdp/tools/memory.h"
 #include "fsdp/tools/planner.h"
-#include "support/train_harness.h"
-#include "fsdp/models/minillm_plan.h"
 #include "support/expect_error.h"
+#include "support/train_harness.h"
 
 namespace fsdp::testing {
 namespace {
@@ -52,8 +52,8 @@ TEST_P(BlockActivations, MatchTheOpByOpCount) {
   const int64_t before = allocated();
   auto y = block->forward(x);
   const int64_t kept = allocated() - before;
-  const int64_t want = fsdp::models::minillm::block_activation_bytes(cfg, c.batch * c.seq, c.seq,
-                                                       static_cast<int>(at::elementSize(c.dtype)));
+  const int64_t want = fsdp::models::minillm::block_activation_bytes(
+      cfg, c.batch * c.seq, c.seq, static_cast<int>(at::elementSize(c.dtype)));
   EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(want), 0.01 * want)
       << "kept " << kept << " bytes, counted " << want;
   y.sum().backward();  // the graph is real and complete

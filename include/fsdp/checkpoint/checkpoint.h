@@ -35,8 +35,8 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/errors.h"
 #include "fsdp/comm/process_group.h"
+#include "fsdp/errors.h"
 
 namespace fsdp {
 

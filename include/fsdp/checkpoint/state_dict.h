@@ -66,10 +66,10 @@ struct FullStateDictOptions {
 // gathers one tensor at a time, in state dict order, and hands each to `visit` (on rank 0 only
 // with rank0_only), then frees it. A streaming full state dict: the export writes each tensor
 // as it comes.
-void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr& world,
-                          const FullStateDictOptions& options,
-                          const std::function<void(const std::string& name,
-                                                   const at::Tensor& full)>& visit);
+void for_each_full_tensor(
+    const torch::nn::Module& model, const ProcessGroupPtr& world,
+    const FullStateDictOptions& options,
+    const std::function<void(const std::string& name, const at::Tensor& full)>& visit);
 // The same, kept: every tensor whole (empty on ranks other than 0 with rank0_only).
 FullStateDict get_full_model_state_dict(const torch::nn::Module& model,
                                         const ProcessGroupPtr& world,

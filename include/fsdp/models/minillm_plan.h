@@ -1,13 +1,13 @@
-// MiniLLM as the planner sees it (fsdp/tools/planner.h): the units fully_shard makes of it (the root:
-// embedding and head; one per block) with their parameter shapes, and the bytes each unit's
+// MiniLLM as the planner sees it (fsdp/tools/planner.h): the units fully_shard makes of it (the
+// root: embedding and head; one per block) with their parameter shapes, and the bytes each unit's
 // forward keeps for backward, counted op by op for the ops model.cpp runs.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "fsdp/tools/planner.h"
 #include "fsdp/models/minillm.h"
+#include "fsdp/tools/planner.h"
 
 namespace fsdp::models::minillm {
 

@@ -19,11 +19,11 @@
 namespace fsdp {
 
 // The total p-norm of the gradients of `params` (this rank's shards, sharded over `pg`;
-// parameters without a gradient are skipped) over all ranks of `pg`: (sum over ranks and parameters of |g|^p)^(1/p),
-// or the largest |g| for p = infinity. Every gradient is then multiplied by
-// min(1, max_norm / (total + 1e-6)), as torch::nn::utils::clip_grad_norm_ does. Returns the total
-// norm, the same on every rank. One all_gather of one double per rank; every rank must call it.
-// Gradients may mix dtypes (norms combine in double precision).
+// parameters without a gradient are skipped) over all ranks of `pg`: (sum over ranks and parameters
+// of |g|^p)^(1/p), or the largest |g| for p = infinity. Every gradient is then multiplied by min(1,
+// max_norm / (total + 1e-6)), as torch::nn::utils::clip_grad_norm_ does. Returns the total norm,
+// the same on every rank. One all_gather of one double per rank; every rank must call it. Gradients
+// may mix dtypes (norms combine in double precision).
 //
 // Throws InvalidArgument, before touching any gradient, when max_norm is not a positive finite
 // number or norm_type is not positive (infinity allowed); with error_if_nonfinite, Error when

@@ -196,9 +196,7 @@ class Unit : public FSDPModule {
   auto call(Method method, Args&&... args) {
     auto impl = holder_.ptr();
     return run(
-        [impl, method](auto&&... a) {
-          return ((*impl).*method)(std::forward<decltype(a)>(a)...);
-        },
+        [impl, method](auto&&... a) { return ((*impl).*method)(std::forward<decltype(a)>(a)...); },
         std::forward<Args>(args)...);
   }
 
@@ -251,8 +249,7 @@ class Unit : public FSDPModule {
 // floating. A unit left with no parameters of its own (all inside child units) is fine: it
 // only coordinates.
 template <typename Holder>
-Unit<Holder> fully_shard(Holder holder, const ProcessGroupPtr& pg,
-                         FullyShardOptions options = {}) {
+Unit<Holder> fully_shard(Holder holder, const ProcessGroupPtr& pg, FullyShardOptions options = {}) {
   detail::shard_module(holder.ptr(), flat_mesh(pg), std::move(options));
   return Unit<Holder>(std::move(holder));
 }

@@ -60,10 +60,10 @@ MemoryPlan plan_memory(const PlanRequest& r) {
                    (hybrid && blocks > kReductionsInFlight ? reduced_shard : 0);
     }
     // The root gathers once (it keeps its parameters through backward) and reduces last.
-    const int64_t root_sets = d.compute_bytes == d.reduce_bytes
-                                  ? set(sizes[0].padded, d.reduce_bytes)
-                                  : set(sizes[0].padded, d.compute_bytes) +
-                                        set(sizes[0].padded, d.reduce_bytes);
+    const int64_t root_sets =
+        d.compute_bytes == d.reduce_bytes
+            ? set(sizes[0].padded, d.reduce_bytes)
+            : set(sizes[0].padded, d.compute_bytes) + set(sizes[0].padded, d.reduce_bytes);
     m.comm_buffers = root_sets + block_sets;
   }
 

@@ -1,0 +1,132 @@
+#include "options.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+
+namespace llama {
+namespace {
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string check(const Options& o) {
+  if (o.hf_dir.empty() == o.config.empty()) {
+    return "give the model as --hf-dir DIR (a Hugging Face directory) or as --config FILE (a "
+           "config.json, random weights from --seed), one of the two";
+  }
+  if (!is_file(config_path(o))) {
+    return fmt::format("{}: no such file (expected a Hugging Face config.json)", config_path(o));
+  }
+  if (o.train.eval_only) {
+    if (o.val_tokens.empty()) return "--eval-only needs --val-tokens FILE";
+  } else if (!o.train.plan && o.data_tokens.empty()) {
+    return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
+  }
+  for (const auto& [flag, path] : {std::pair{"--data-tokens", o.data_tokens},
+                                   std::pair{"--val-tokens", o.val_tokens}}) {
+    if (!path.empty() && !is_file(path)) {
+      return fmt::format("{} {}: no such file (expected a file of {} token ids)", flag, path,
+                         o.tokens_dtype);
+    }
+  }
+  if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
+  if (o.count < 1) return fmt::format("--count must be positive, got {}", o.count);
+  if (o.max_shard_bytes < 1) {
+    return fmt::format("--max-shard-bytes must be positive, got {}", o.max_shard_bytes);
+  }
+  if (!o.export_hf.empty() && exists(o.export_hf)) {
+    // Refused before training: a directory a user saved is never overwritten.
+    return fmt::format("--export-hf {}: exists already; give a new directory", o.export_hf);
+  }
+  for (const auto& t : o.tokenizer) {
+    if (!exists(t)) return fmt::format("--tokenizer {}: no such file or directory", t);
+  }
+  if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
+  return "";
+}
+
+}  // namespace
+
+std::string config_path(const Options& o) {
+  return o.config.empty() ? o.hf_dir + "/config.json" : o.config;
+}
+
+ParseResult parse_options(int argc, char** argv, int world) {
+  CLI::App app{
+      "Train (pretrain or fine-tune) a Llama-family model with fsdp: Hugging Face weights in and "
+      "out, nanoGPT token files.\nLaunch: mpirun -np N, torchrun --no-python --nproc-per-node "
+      "N, or scripts/launch.sh --nproc N."};
+  Options o;
+  auto& t = o.train;
+  t.seq = 256;
+  t.steps = 20;
+  std::optional<int64_t> batch;
+  app.add_option("--hf-dir", o.hf_dir,
+                 "A Hugging Face directory (config.json, model.safetensors or shards with "
+                 "model.safetensors.index.json): start from its weights");
+  app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
+  app.add_option("--data-tokens", o.data_tokens,
+                 "Training tokens: little-endian token ids, one after another (scripts/"
+                 "tokenize.py writes them)");
+  app.add_option("--val-tokens", o.val_tokens,
+                 "Validation tokens: the loss over windows of --seq + 1 tokens");
+  app.add_option("--tokens-dtype", o.tokens_dtype, "uint16, or uint32 for vocabularies above 65536")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->capture_default_str();
+  app.add_option("--seq", t.seq, "Tokens per sequence")->capture_default_str();
+  app.add_option("--batch", batch, "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
+  app.add_option("--steps", t.steps, "Training steps")->capture_default_str();
+  app.add_option("--export-hf", o.export_hf,
+                 "After training, write the model as a Hugging Face directory (a new one)");
+  app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer,
+                 "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
+                 "needs tokenizer.model)");
+  app.add_option("--max-shard-bytes", o.max_shard_bytes,
+                 "--export-hf splits the weights into files of at most this many bytes")
+      ->capture_default_str();
+  app.add_option("--dump-logits", o.dump_logits,
+                 "With --eval-only: write the logits of the first --count validation windows to "
+                 "this safetensors file (tensor \"logits\", fp32)");
+  app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  // The loop's flags, with the usual choices for language models: AdamW betas (0.9, 0.95),
+  // weight decay 0.1, a cosine schedule.
+  std::string profile_steps;
+  trainer::TrainDefaults defaults;
+  defaults.beta2 = 0.95;
+  defaults.weight_decay = 0.1;
+  defaults.lr_schedule = "cosine";
+  trainer::add_train_flags(app, t, defaults, profile_steps);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return {std::nullopt, 0, app.help()};
+  } catch (const CLI::ParseError& e) {
+    return {std::nullopt, 2,
+            fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  }
+  if (t.plan && t.plan_world < 0) {
+    return {std::nullopt, 2,
+            fmt::format("error: --plan-world must be positive, got {}", t.plan_world)};
+  }
+  if (t.plan && t.plan_world > 0) world = t.plan_world;
+  t.plan_world = world;
+  t.batch = batch.value_or(8 * world);
+  for (const auto& err : {trainer::finish_train_options(t, profile_steps, world), check(o)}) {
+    if (!err.empty()) return {std::nullopt, 2, "error: " + err};
+  }
+  return {o, 0, ""};
+}
+
+}  // namespace llama

@@ -1,0 +1,42 @@
+// Command-line options of train_llama: where the model comes from (a Hugging Face directory or
+// a config.json for a random start), the token files, the exports, and the training loop's
+// flags (trainer/train_options.h).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train_options.h"
+
+namespace llama {
+
+struct Options {
+  std::string hf_dir;       // config.json + safetensors: start from these weights
+  std::string config;       // a config.json alone: random weights from --seed
+  std::string data_tokens;  // training tokens (uint16 or uint32, nanoGPT's raw format)
+  std::string val_tokens;   // validation tokens
+  std::string tokens_dtype = "uint16";
+  std::string export_hf;  // after training, a Hugging Face directory of the model
+  std::string export_dtype = "fp32";
+  std::vector<std::string> tokenizer;  // tokenizer files (or a directory) copied into it
+  int64_t max_shard_bytes = 5'000'000'000;
+  std::string dump_logits;  // with --eval-only: the logits of the first --count windows
+  int64_t count = 1;
+  trainer::TrainOptions train;
+};
+
+struct ParseResult {
+  std::optional<Options> options;
+  int exit_code = 0;
+  std::string message;
+};
+
+// Parses argv and checks what can be checked before any communication: the flags' values, that
+// the files named exist, and their combinations. `world` splits the global batch.
+ParseResult parse_options(int argc, char** argv, int world);
+
+// The config.json the flags name (--hf-dir's, or --config).
+std::string config_path(const Options& o);
+
+}  // namespace llama

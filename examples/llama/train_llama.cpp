@@ -1,0 +1,199 @@
+// train_llama: a Llama-family model (fsdp::models::llama: Llama 2/3, Mistral- and Qwen2-shaped
+// configs) from a Hugging Face directory or a config.json, trained on token files by the
+// trainers' loop (examples/trainer), exported back as a Hugging Face directory. Every decoder
+// layer is a fully_shard unit, sharded as it is built; then the root. See README.md beside
+// this file.
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "fsdp/fsdp.h"
+#include "fsdp/models/hf_checkpoint.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/llama_config.h"
+#include "fsdp/models/llama_plan.h"
+#include "fsdp/models/token_file.h"
+#include "loop.h"
+#include "options.h"
+#include "plan.h"
+
+namespace {
+
+namespace ll = fsdp::models::llama;
+using llama::Options;
+
+// A token file as the loop's data: the global batch of each step, and validation windows.
+class TokenData final : public trainer::Dataset, public trainer::Windows {
+ public:
+  TokenData(const std::string& path, const Options& o, int64_t vocab)
+      : file_(path, fsdp::models::TokenFileOptions{fsdp::models::parse_token_dtype(o.tokens_dtype),
+                                                   vocab, o.train.seq, o.train.seed}) {}
+  trainer::Batch slice(int step, int64_t first, int64_t count) const override {
+    auto b = file_.batch(step, first, count);
+    return {b.inputs, b.targets};
+  }
+  int64_t count() const override { return file_.val_window_count(); }
+  trainer::Batch windows(int64_t first, int64_t n) const override {
+    auto b = file_.val_batch(first, n);
+    return {b.inputs, b.targets};
+  }
+  std::string describe() const override {
+    return fmt::format("{} ({} tokens)", file_.path(), file_.size());
+  }
+
+ private:
+  fsdp::models::TokenFile file_;
+};
+
+fsdp::FullyShardOptions unit_options(const Options& o, bool layer) {
+  fsdp::FullyShardOptions opts;
+  if (o.train.dtype == "bf16") {
+    opts.mp_policy.param_dtype = torch::kBFloat16;
+    opts.mp_policy.reduce_dtype = torch::kFloat;
+  }
+  if (layer) {
+    opts.reshard_after_forward = o.train.reshard_after_forward;
+    opts.activation_checkpointing = o.train.activation_checkpointing;
+  }
+  return opts;
+}
+
+struct Built {
+  ll::Config config;
+  ll::LlamaForCausalLM model{nullptr};
+  fsdp::Unit<ll::LlamaForCausalLM> root;
+};
+
+// Each layer is sharded as soon as it is built, then the root, so a rank never holds the whole
+// model: from a Hugging Face directory each rank then reads only its rows of every tensor.
+Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceMesh& mesh) {
+  Built b;
+  const auto layer_options = unit_options(o, /*layer=*/true);
+  auto shard_layer = [&](int64_t, fsdp::Unit<ll::DecoderLayer>& layer) {
+    layer->to(dist.device);
+    fsdp::fully_shard(layer, mesh, layer_options);
+  };
+  auto shard_root = [&](ll::LlamaForCausalLM& model) {
+    if (o.train.init_full_model) {
+      model->to(dist.device);
+      for (auto& layer : model->model->layers) shard_layer(0, layer);
+    }
+    model->to(dist.device);  // the root's own parameters
+    b.root = fsdp::fully_shard(model, mesh, unit_options(o, /*layer=*/false));
+  };
+  if (!o.hf_dir.empty()) {
+    ll::HfLoadOptions load;
+    if (!o.train.init_full_model) load.on_layer_built = shard_layer;
+    load.on_model_built = shard_root;
+    auto hf = ll::load_hf_model(o.hf_dir, dist.group, load);
+    b.config = hf.config;
+    b.model = hf.model;
+  } else {
+    b.config = ll::read_hf_config(o.config);
+    torch::manual_seed(o.train.seed);
+    ll::BuildOptions options;
+    if (!o.train.init_full_model) options.on_layer_built = shard_layer;
+    b.model = ll::build_llama(b.config, options);
+    shard_root(b.model);
+  }
+  return b;
+}
+
+trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
+  trainer::PlanModel m;
+  m.describe = fmt::format("Llama hidden {} layers {} heads {} kv heads {} intermediate {} vocab {}",
+                           config.hidden_size, config.num_hidden_layers,
+                           config.num_attention_heads, config.num_key_value_heads,
+                           config.intermediate_size, config.vocab_size);
+  m.units = [&o, config](int64_t sequences, int compute_bytes, bool checkpointed) {
+    ll::PlanShape shape;
+    shape.model = config;
+    shape.seq = o.train.seq;
+    shape.batch_per_rank = sequences;
+    shape.compute_bytes = compute_bytes;
+    shape.activation_checkpointing = checkpointed;
+    return ll::plan_units(shape);
+  };
+  m.transient_bytes = [config](int64_t tokens) { return ll::loss_transient_bytes(config, tokens); };
+  return m;
+}
+
+// --dump-logits: the logits of the first --count validation windows (every rank runs the
+// forward, rank 0 writes).
+void dump_logits(const Options& o, Built& b, const TokenData& val, const fsdp::Distributed& dist) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = std::min<int64_t>(o.count, val.count());
+  auto logits = b.root(val.windows(0, n).tokens.to(dist.device)).to(torch::kFloat).cpu();
+  if (dist.group->rank() == 0) {
+    fsdp::write_safetensors(o.dump_logits, {{"logits", logits.contiguous()}});
+    fmt::print("wrote the logits of {} windows to {}\n", n, o.dump_logits);
+  }
+}
+
+int run(const Options& o, const fsdp::LaunchInfo& launch) {
+  torch::set_num_threads(trainer::threads_for(o.train.threads));
+  fsdp::InitOptions init;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.train.comm_timeout_s * 1000));
+  auto dist = fsdp::init_from_launch(launch, init);
+  const auto mesh = fsdp::make_device_mesh(dist.group, o.train.replicas);
+  auto b = build(o, dist, mesh);
+  const int64_t vocab = b.config.vocab_size;
+  std::unique_ptr<TokenData> train, val;
+  if (!o.data_tokens.empty()) train = std::make_unique<TokenData>(o.data_tokens, o, vocab);
+  if (!o.val_tokens.empty()) val = std::make_unique<TokenData>(o.val_tokens, o, vocab);
+  if (!o.dump_logits.empty()) {
+    dump_logits(o, b, *val, dist);
+    return 0;
+  }
+  trainer::Task task;
+  task.root = b.root;
+  task.module = b.model.ptr().get();
+  task.logits = [&b](const torch::Tensor& tokens) { return b.root(tokens); };
+  task.vocab = vocab;
+  task.train = train.get();
+  task.validation = val.get();
+  task.info = {"Llama",
+               fmt::format("vocab {} hidden {} layers {} heads {} kv heads {} intermediate {}{}",
+                           vocab, b.config.hidden_size, b.config.num_hidden_layers,
+                           b.config.num_attention_heads, b.config.num_key_value_heads,
+                           b.config.intermediate_size,
+                           b.config.tie_word_embeddings ? " tied" : ""),
+               ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
+  task.finish = [&] {
+    if (o.export_hf.empty()) return;
+    ll::HfSaveOptions save;
+    save.dtype = o.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    save.max_shard_bytes = o.max_shard_bytes;
+    save.tokenizer_files = o.tokenizer;
+    ll::save_hf_checkpoint(o.export_hf, *b.model, b.config, dist.group, save);
+    if (dist.group->rank() == 0) fmt::print("exported {}\n", o.export_hf);
+  };
+  return trainer::run_training(o.train, task, dist, mesh);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  return trainer::trainer_main(
+      argc, argv,
+      [&](int n, char** args, int world) {
+        auto parsed = llama::parse_options(n, args, world);
+        trainer::Parsed out{parsed.options.has_value(), parsed.exit_code, parsed.message};
+        if (parsed.options) {
+          options = *parsed.options;
+          out.plan = options.train.plan;
+          out.track_host_memory = options.train.track_host_memory;
+        }
+        return out;
+      },
+      [&] {
+        try {
+          const auto config = ll::read_hf_config(llama::config_path(options));
+          return trainer::run_plan(options.train, plan_model(options, config));
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "error: plan: {}\n", e.what());
+          return 1;
+        }
+      },
+      [&](const fsdp::LaunchInfo& launch) { return run(options, launch); });
+}
