@@ -124,6 +124,7 @@ TEST(NcclGroup, InitFromEnvSetsTheCurrentDevice) {
   SKIP_WITHOUT_GPU();
   InitOptions options;
   options.backend = Backend::kNccl;
+  options.device = DeviceChoice::kCuda;  // ctest sets FSDP_DEVICE=cpu for the CPU suites
   const int last = static_cast<int>(at::getNumGPUs()) - 1;
   LaunchInfo launch;
   launch.local_rank = last;  // the highest GPU: not the default current device when > 0
