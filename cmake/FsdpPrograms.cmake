@@ -60,14 +60,16 @@ endfunction()
 #       any command: a script, a Python reference, a program.
 #
 # Every kind takes [TIMEOUT <s>] [PROCESSORS <n>] [ENV <k=v>...] [SKIP_RETURN_CODE <c>]
-# [RUN_SERIAL]. Tests run with one intra-op thread per process: ranks share the cores.
+# [RUN_SERIAL]. Tests run with one intra-op thread per process: ranks share the cores, and on the
+# CPU (FSDP_DEVICE=cpu: init_from_env's automatic choice would take a GPU where one is visible);
+# a test meant for a GPU passes ENV FSDP_DEVICE=auto or names its device itself.
 function(fsdp_add_test name kind)
   cmake_parse_arguments(T "RUN_SERIAL" "TARGET;TIMEOUT;PROCESSORS;SKIP_RETURN_CODE"
                         "SOURCES;LIBS;NP;ARGS;ENV;COMMAND" ${ARGN})
   if(kind STREQUAL "COMMAND")
     set(T_COMMAND ${T_UNPARSED_ARGUMENTS} ${T_COMMAND})
   endif()
-  set(_env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ${T_ENV})
+  set(_env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 FSDP_DEVICE=cpu ${T_ENV})
   # One ENVIRONMENT value holding a list: its separators escaped inside the property list.
   string(REPLACE ";" "\\;" _env "${_env}")
   set(_props ENVIRONMENT "${_env}")

@@ -1,103 +1,105 @@
 #!/usr/bin/env bash
-# One-shot GPU check, for a machine with one NVIDIA GPU (H200), CUDA 13, PyTorch 2.11 in
-# python3, and no internet. Prepare on a Debian machine with scripts/gpu_bundle_deps.sh and
-# carry .gpu_deps. Budget: well under 8 minutes.
-#   1. configure against that python3's libtorch (the same CMake code as everywhere: its
-#      torch.utils.cmake_prefix_path; NCCL from the nvidia-nccl wheel beside torch); build
-#   2. GPU tests: NCCL collectives and fully_shard at world size 1 against plain libtorch; the
-#      fake group as rank 0 of 4 and 8 on CUDA (memory, counts); the CPU suites as well
-#   3. MiniLLM preset reference, bf16 parameters, fp32 reduction, AdamW 3e-4, NCCL world 1,
-#      20 steps, and PyTorch FSDP2 (bench/reference/py_minillm.py) from the same weights on the
-#      same batches, both with the fused AdamW kernel
-#   4. a table: losses side by side, tokens/s, MFU, peak memory, ratios. Logs in $OUT (or
-#      gpu_check_out/).
+# The staged GPU check, for a machine with one H200, 16 cores, PyTorch 2.11.0+cu130 in its
+# python3 and no internet, lent for 15 minutes in all: cheapest stages first, each under its own
+# timeout and all under one deadline (GPU_CHECK_BUDGET_S, default 400 s), so that a rerun fits.
+#
+# Prepare here: scripts/gpu_prebuild.sh (.gpu_bundle: the programs, built against the same
+# wheels) and scripts/gpu_bundle_deps.sh (.gpu_deps: the sources a build there needs when the
+# bundle does not load). Carry both. Then, on the GPU machine:
+#
+#   scripts/gpu_check.sh                       # every stage
+#   scripts/gpu_check.sh reference,two_ranks   # only these (env always runs first)
+#
+# Stages (timeout cap in seconds; a stage never runs past the deadline):
+#   env         30  nvidia-smi, torch/CUDA/NCCL versions, /dev/shm, whether the bundle loads
+#   build      300  only when the bundle does not load (or GPU_CHECK_BUILD=1): the same targets,
+#                   built there with -DCMAKE_CUDA_ARCHITECTURES=90
+#   nccl        60  NCCL group tests (NCCL_DEBUG=INFO), and a GPU fault named as such
+#   cuda_tests 100  the CUDA gtests: fully_shard against plain libtorch (fp32, bf16, bf16 with
+#                   every collective delayed 20 ms), bf16 reduction bytes, fake worlds 4 and 8
+#   smoke       60  the trainer, 5 steps, bf16 (cpu-small sizes on the GPU)
+#   reference  170  the reference preset (vocab 32000, dim 2048, 12 layers, 16 heads, 8 x 1024
+#                   tokens, bf16 compute / fp32 reduce), fsdp-cpp and PyTorch FSDP2 from the same
+#                   initial weights (in /dev/shm), 20 steps each: losses side by side (bf16:
+#                   within 1e-2), tokens/s, MFU of 989 TFLOP/s, peak allocated memory, exposed
+#                   communication
+#   profile     60  optional: one profiled step of the reference preset (CUPTI kernel table)
+#   two_ranks   90  optional: two NCCL ranks sharing the one GPU (a host id each, sockets, P2P
+#                   and SHM off): every collective at world 2, fully_shard parity, HSDP; then the
+#                   trainer at world 2 against world 1
+# Optional stages run only when at least their cap is left before the deadline.
+#
+# Output (in $OUT, else gpu_check_out/): summary.txt, one line per stage as it ends, and
+# logs.tar.gz, every log (rewritten after each stage, so a run cut short still leaves both).
+# Exit status 0 when every stage that ran passed.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-out="${OUT:-$root/gpu_check_out}"
-build="$root/build-gpu"
-mkdir -p "$out"
-PY="${PYTHON:-python3}"
-status=()
-step() { echo; echo "== $(date +%T) $*"; }
+self="$root/scripts/gpu_check.sh"
 
-step "environment"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-torch_prefix="$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-$PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
-[ -d "$root/.gpu_deps" ] || { echo "missing .gpu_deps: run scripts/gpu_bundle_deps.sh and carry it"; exit 2; }
-
-step "configure and build"
-gen=(); command -v ninja > /dev/null && gen=(-G Ninja)
-cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" -DFSDP_PYTHON="$(command -v "$PY")" \
-  -DFSDP_DEPS_DIR="$root/.gpu_deps" -DFSDP_WITH_NCCL=ON -DFSDP_WITH_MPI=OFF \
-  -DFSDP_BUILD_BENCH=OFF > "$out/configure.log" 2>&1
-status+=("configure=$?"); tail -3 "$out/configure.log"
-cmake --build "$build" -j "$(nproc)" > "$out/build.log" 2>&1
-status+=("build=$?"); grep -E "error|warning: unused" "$out/build.log" | head -20
-
-step "GPU tests, then the CPU suites"
-(cd "$build" && ctest -R "Nccl|Cuda" --output-on-failure --timeout 300 > "$out/ctest_gpu.log" 2>&1)
-status+=("gpu_tests=$?"); grep -E "rel err|tests passed|Failed|Skipped" "$out/ctest_gpu.log"
-(cd "$build" && OMP_NUM_THREADS=1 ctest -E "Nccl|Cuda" -j 8 --timeout 300 > "$out/ctest_cpu.log" 2>&1)
-status+=("cpu_tests=$?"); tail -3 "$out/ctest_cpu.log"
-
-if ! $PY -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "no GPU visible to PyTorch: stopping before the training runs (a CPU dry run)"
-  echo "status: ${status[*]}" | tee "$out/summary.txt"
-  exit 0
+if [ "${1:-}" = "--body" ]; then
+  # One stage's body, run by the driver below under `timeout` with the environment it set up.
+  source "$root/scripts/gpu_check_stages.sh"
+  "stage_$2"
+  exit $?
 fi
 
-step "initial weights for both programs (reference preset, fp32 safetensors)"
-init="$out/init.safetensors"
-(cd "$root/bench/reference" && $PY - "$init" <<'PYEOF'
-import sys, torch
-from safetensors.torch import save_file
-from py_minillm import MiniLLM, PRESETS
-p = PRESETS["reference"]
-torch.manual_seed(0)
-m = MiniLLM(p["vocab"], p["dim"], p["layers"], p["heads"])
-save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[1])
-PYEOF
-)
-status+=("init=$?")
+out="${OUT:-$root/gpu_check_out}"
+mkdir -p "$out"
+export GPU_CHECK_LOGS="${GPU_CHECK_LOGS:-$(mktemp -d /tmp/gpu_check_logs.XXXXXX)}"
+export GPU_CHECK_ROOT="$root" PYTHON="${PYTHON:-python3}"
+summary="$out/summary.txt"
+budget="${GPU_CHECK_BUDGET_S:-400}"
+start=$(date +%s)
+failed=()
+all_stages="env,build,nccl,cuda_tests,smoke,reference,profile,two_ranks"
+wanted=",env,build,${1:-$all_stages},"
 
-step "train MiniLLM (reference preset, bf16, NCCL world 1, 20 steps)"
-"$build/bin/train_minillm" --preset reference --dtype bf16 --steps 20 --data synthetic \
-  --init-from "$init" --metrics-out "$out/cpp_metrics.jsonl" > "$out/cpp_train.log" 2>&1
-status+=("cpp_train=$?"); tail -4 "$out/cpp_train.log"
+cap_of() {
+  case "$1" in
+    env) echo 30 ;; build) echo 300 ;; nccl) echo 60 ;; cuda_tests) echo 100 ;;
+    smoke) echo 60 ;; reference) echo 170 ;; profile) echo 60 ;; two_ranks) echo 90 ;;
+  esac
+}
+optional() { [ "$1" = profile ] || [ "$1" = two_ranks ]; }
 
-step "PyTorch FSDP2 reference (same preset, weights and batches; bf16 params, fp32 reduce)"
-torchrun --standalone --nproc_per_node 1 "$root/bench/reference/py_minillm.py" --mode fsdp2 \
-  --device cuda --preset reference --steps 20 --data synthetic --init-from "$init" \
-  --optimizer fused-adamw > "$out/py_train.log" 2>&1
-status+=("py_train=$?"); tail -2 "$out/py_train.log"
-rm -f "$init"
+archive() { tar -czf "$out/logs.tar.gz" -C "$GPU_CHECK_LOGS" . 2> /dev/null; }
 
-step "summary"
-$PY - "$out" <<'PYEOF' | tee "$out/summary.txt"
-import json, os, re, sys
-out = sys.argv[1]
-cpp = [json.loads(l) for l in open(os.path.join(out, "cpp_metrics.jsonl"))] if os.path.exists(os.path.join(out, "cpp_metrics.jsonl")) else []
-py_log = open(os.path.join(out, "py_train.log")).read() if os.path.exists(os.path.join(out, "py_train.log")) else ""
-py = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", py_log, re.M)]
-print(f"{'step':>4} {'FSDP2 loss':>12} {'fsdp-cpp loss':>14} {'rel diff':>9}")
-for i, (a, b) in enumerate(zip(py, [c["loss"] for c in cpp])):
-    print(f"{i:>4} {a:>12.6f} {b:>14.6f} {abs(a - b) / abs(a):>9.2e}")
-res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", py_log) or [""])[-1]))
-cpp_log = open(os.path.join(out, "cpp_train.log")).read()
-tps = re.search(r"median ([0-9.]+) tok/s", cpp_log)
-mfu = re.search(r"MFU ([0-9.]+)%", cpp_log)
-rows = [("fsdp-cpp", float(tps.group(1)) if tps else 0, float(mfu.group(1)) if mfu else 0,
-         (cpp[-1]["peak_mem_bytes"] / 2**20) if cpp else 0,
-         sum(c["exposed_comm_s"] for c in cpp[2:]) / max(1, len(cpp) - 2)),
-        ("PyTorch FSDP2", float(res.get("tokens_per_s", 0)), 100 * float(res.get("mfu", 0)),
-         float(res.get("peak_mem_mb", 0)), float("nan"))]
-print(f"{'program':<14} {'tokens/s':>10} {'MFU':>7} {'peak alloc MiB':>15} {'exposed comm s':>15}")
-for name, t, m, mem, comm in rows:
-    print(f"{name:<14} {t:>10.0f} {m:>6.1f}% {mem:>15.0f} {comm:>15.4f}")
-if rows[1][1] > 0 and rows[1][3] > 0:
-    print(f"ratio fsdp-cpp / FSDP2: tokens/s {rows[0][1] / rows[1][1]:.2f}x, "
-          f"peak memory {rows[0][3] / rows[1][3]:.2f}x")
-PYEOF
-echo "status: ${status[*]}" | tee -a "$out/summary.txt"
+record() {  # stage status seconds detail
+  printf '%-11s %-8s %4ss  %s\n' "$1" "$2" "$3" "$4" | tee -a "$summary"
+  archive
+}
+
+echo "gpu_check $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null)" \
+  "budget ${budget}s stages ${1:-all}" | tee "$summary"
+for name in ${all_stages//,/ }; do
+  [[ "$wanted" == *",$name,"* ]] || continue
+  now=$(date +%s)
+  left=$((budget - (now - start)))
+  cap=$(cap_of "$name")
+  if [ "$name" = build ] && [ -f "$GPU_CHECK_LOGS/bundle_ok" ] && [ "${GPU_CHECK_BUILD:-0}" != 1 ]; then
+    record build skipped 0 "the prebuilt .gpu_bundle loads"
+    continue
+  fi
+  if [ "$left" -le 5 ] || { optional "$name" && [ "$left" -lt "$cap" ]; }; then
+    record "$name" skipped 0 "${left}s left before the deadline"
+    continue
+  fi
+  limit=$((cap < left ? cap : left))
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$self" --body "$name" > "$GPU_CHECK_LOGS/$name.log" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - t0))
+  status=ok
+  [ "$rc" -ne 0 ] && status="rc=$rc"
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="timeout"
+  detail="$(cat "$GPU_CHECK_LOGS/$name.detail" 2> /dev/null || tail -1 "$GPU_CHECK_LOGS/$name.log")"
+  record "$name" "$status" "$secs" "$detail (cap ${limit}s)"
+  [ "$status" = ok ] || failed+=("$name")
+  # env hands its findings (where the programs are, the library path) to the later stages.
+  [ -f "$GPU_CHECK_LOGS/env.sh" ] && source "$GPU_CHECK_LOGS/env.sh"
+  [ -f "$GPU_CHECK_LOGS/$name.table" ] && cat "$GPU_CHECK_LOGS/$name.table"
+done
+rm -f /dev/shm/fsdp_gpu_check_init.safetensors /tmp/fsdp_gpu_check_init.safetensors
+echo "total $(($(date +%s) - start))s of ${budget}s; failed: ${failed[*]:-none}" | tee -a "$summary"
+archive
+[ ${#failed[@]} -eq 0 ]

@@ -69,6 +69,20 @@ void read_master(const Env& env, LaunchInfo& info, const char* what) {
 
 }  // namespace
 
+const char* launcher_name(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::kSingle:
+      return "single";
+    case Launcher::kTorchrun:
+      return "torchrun";
+    case Launcher::kMpirun:
+      return "mpirun";
+    case Launcher::kSlurm:
+      return "slurm";
+  }
+  return "unknown";
+}
+
 LaunchInfo detect_launch(const EnvLookup& getenv) {
   Env env(getenv);
   LaunchInfo info;
@@ -76,22 +90,22 @@ LaunchInfo detect_launch(const EnvLookup& getenv) {
     const char* what =
         "a torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
         "MASTER_PORT)";
-    info.launcher = "torchrun";
+    info.launcher = Launcher::kTorchrun;
     read_rank_and_size(env, info, "RANK", "WORLD_SIZE", "LOCAL_RANK", what);
     read_master(env, info, what);
     const char* agent = env.raw("TORCHELASTIC_USE_AGENT_STORE");
     info.use_agent_store = agent && std::string(agent) == "True";
     info.restart_count = env.integer_or("TORCHELASTIC_RESTART_COUNT", 0, 0, 1 << 30, what);
   } else if (env.has("OMPI_COMM_WORLD_SIZE")) {
-    info.launcher = "mpirun";
+    info.launcher = Launcher::kMpirun;
     read_rank_and_size(env, info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                        "OMPI_COMM_WORLD_LOCAL_RANK", "an Open MPI launch");
   } else if (env.has("PMI_SIZE")) {
-    info.launcher = "mpirun";
+    info.launcher = Launcher::kMpirun;
     read_rank_and_size(env, info, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "a PMI launch");
   } else if (env.has("SLURM_NTASKS") && env.has("SLURM_PROCID")) {
     const char* what = "a Slurm launch (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID)";
-    info.launcher = "slurm";
+    info.launcher = Launcher::kSlurm;
     read_rank_and_size(env, info, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", what);
     // With MASTER_ADDR/PORT exported by the batch script, ranks meet over TCP; without them
     // srun must provide MPI (srun --mpi=pmix).

@@ -1,99 +1,20 @@
 #include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <atomic>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "fsdp/comm/backends.h"
+#include "fsdp/comm/local_group.h"
 #include "fsdp/errors.h"
 #include "fsdp/launch/launch.h"
-#include "fsdp/comm/local_group.h"
+#include "fsdp/launch/rendezvous.h"
 
 namespace fsdp {
 namespace {
 
-c10::Device choose_device(const InitOptions& options, const LaunchInfo& launch) {
-  bool gpu = at::hasCUDA() && at::getNumGPUs() > 0;
-  if (options.device == "cpu" || (options.device == "auto" && !gpu)) return c10::Device(c10::kCPU);
-  if (options.device != "cuda" && options.device != "auto") {
-    throw LaunchError(fmt::format("device '{}' is not one of auto, cpu, cuda", options.device));
-  }
-  if (!gpu) {
-    throw LaunchError("device 'cuda' was requested but libtorch sees no CUDA device");
-  }
-  int gpus = static_cast<int>(at::getNumGPUs());
-  if (launch.local_rank >= gpus) {
-    throw LaunchError(
-        fmt::format("local rank {} has no GPU: this node has {} visible (one rank "
-                    "per GPU; start at most {} ranks per node)",
-                    launch.local_rank, gpus, gpus));
-  }
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
-}
-
-std::string choose_backend(const InitOptions& options, const LaunchInfo& launch,
-                           const c10::Device& device) {
-  std::string backend = options.backend;
-  if (backend == "auto") {
-    if (const char* forced = std::getenv("FSDP_BACKEND")) backend = forced;
-  }
-  if (backend == "auto") {
-    if (device.is_cuda()) return "nccl";
-    if (launch.launcher == "mpirun") return "mpi";
-    if (launch.launcher == "single") return "local";
-    if (!launch.master_addr.empty()) return "gloo";
-    return "mpi";  // Slurm without MASTER_ADDR: srun provides MPI
-  }
-  if (backend != "mpi" && backend != "gloo" && backend != "nccl" && backend != "local") {
-    throw LaunchError(
-        fmt::format("backend '{}' is not one of auto, mpi, gloo, nccl, local", backend));
-  }
-  if (backend == "nccl" && !device.is_cuda()) {
-    throw LaunchError("backend 'nccl' needs a CUDA device, and this process runs on cpu");
-  }
-  if (backend != "nccl" && device.is_cuda()) {
-    throw LaunchError(
-        fmt::format("backend '{}' works on CPU tensors; use device 'cpu' or "
-                    "backend 'nccl'",
-                    backend));
-  }
-  if (backend == "local" && launch.world_size != 1) {
-    throw LaunchError(
-        fmt::format("backend 'local' in init_from_env is a single process, but "
-                    "the launcher says WORLD_SIZE={}",
-                    launch.world_size));
-  }
-  return backend;
-}
-
-c10::intrusive_ptr<c10d::Store> connect_store(const LaunchInfo& launch,
-                                              std::chrono::milliseconds timeout) {
-  if (launch.master_addr.empty()) {
-    throw LaunchError(
-        fmt::format("a TCP rendezvous is needed for this backend under {}, but "
-                    "MASTER_ADDR and MASTER_PORT are not set",
-                    launch.launcher));
-  }
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(launch.master_port);
-  opts.isServer = !launch.use_agent_store && launch.rank == 0;
-  opts.numWorkers =
-      launch.use_agent_store ? c10::nullopt : c10::optional<std::size_t>(launch.world_size);
-  opts.waitWorkers = false;
-  opts.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(launch.master_addr, opts);
-  } catch (const std::exception& e) {
-    throw CommError("tcp_store", "connect", launch.rank, launch.world_size,
-                    fmt::format("{}:{}: {}", launch.master_addr, launch.master_port, e.what()));
-  }
-  if (launch.use_agent_store) {
-    // torchrun's own convention for worker keys inside the agent's store.
-    store = c10::make_intrusive<c10d::PrefixStore>(
-        fmt::format("/worker/attempt_{}", launch.restart_count), store);
-  }
-  return c10::make_intrusive<c10d::PrefixStore>("fsdp", store);
-}
+int visible_gpus() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 
 std::vector<uint8_t> exchange_nccl_id(const LaunchInfo& launch, std::chrono::milliseconds timeout) {
   if (launch.world_size == 1) return make_nccl_unique_id();
@@ -108,10 +29,17 @@ std::vector<uint8_t> exchange_nccl_id(const LaunchInfo& launch, std::chrono::mil
     mpi->broadcast(id, 0)->wait();
     return std::vector<uint8_t>(id.data_ptr<uint8_t>(), id.data_ptr<uint8_t>() + id.numel());
   }
+  // A key per group this process starts: torchrun's agent store outlives one init, and a value
+  // left by an earlier one must not be read as this one's. Every rank starts groups in the
+  // same order.
+  static std::atomic<int> started{0};
+  const std::string key = fmt::format("nccl_unique_id/{}", started++);
   auto store = connect_store(launch, timeout);
-  const std::string key = "nccl_unique_id";
-  if (launch.rank == 0) store->set(key, make_nccl_unique_id());
-  return store->get(key);
+  // Rank 0 returns only once every rank has read the id: only then may its store (the server,
+  // unless torchrun's agent hosts it) go away with this scope.
+  return share_over_store(*store, key, launch.rank, launch.world_size,
+                          launch.rank == 0 ? make_nccl_unique_id() : std::vector<uint8_t>{},
+                          timeout);
 }
 
 }  // namespace
@@ -123,28 +51,41 @@ Distributed init_from_env(const InitOptions& options) {
 Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& options) {
   Distributed d;
   d.launch = launch;
-  d.device = choose_device(options, d.launch);
-  auto backend = choose_backend(options, d.launch, d.device);
-  if (backend == "local") {
-    d.group = make_local_groups(1).front();
-  } else if (backend == "mpi") {
-    d.group = make_mpi_world_group(options.timeout);
-    if (d.launch.launcher != "single" &&
-        (d.group->rank() != d.launch.rank || d.group->size() != d.launch.world_size)) {
-      throw LaunchError(fmt::format(
-          "MPI reports rank {} of {} but the {} environment says {} of "
-          "{}",
-          d.group->rank(), d.group->size(), d.launch.launcher, d.launch.rank, d.launch.world_size));
+  const EngineChoice engine = choose_engine(launch, options, visible_gpus());
+  d.device = engine.device;
+  if (d.device.is_cuda()) {
+    // Once per rank: the rank's GPU becomes the current device, so that allocations and kernels
+    // the program (or libtorch) makes without naming an index land there, not on GPU 0. Through
+    // c10's device guard interface, which libtorch_cuda registers: no CUDA headers needed.
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(d.device);
+  }
+  switch (engine.backend) {
+    case Backend::kLocal:
+      d.group = make_local_groups(1).front();
+      break;
+    case Backend::kMpi:
+      d.group = make_mpi_world_group(options.timeout);
+      if (d.launch.launcher != Launcher::kSingle &&
+          (d.group->rank() != d.launch.rank || d.group->size() != d.launch.world_size)) {
+        throw LaunchError(fmt::format(
+            "MPI reports rank {} of {} but the {} environment says {} of {}", d.group->rank(),
+            d.group->size(), launcher_name(d.launch.launcher), d.launch.rank, d.launch.world_size));
+      }
+      d.launch.rank = d.group->rank();
+      d.launch.world_size = d.group->size();
+      break;
+    case Backend::kGloo:
+      d.group = make_gloo_group(connect_store(d.launch, options.timeout), d.launch.rank,
+                                d.launch.world_size, options.timeout);
+      break;
+    case Backend::kNccl: {
+      auto id = exchange_nccl_id(d.launch, options.timeout);
+      d.group = make_nccl_group(d.launch.rank, d.launch.world_size, d.device.index(), id,
+                                options.timeout);
+      break;
     }
-    d.launch.rank = d.group->rank();
-    d.launch.world_size = d.group->size();
-  } else if (backend == "gloo") {
-    d.group = make_gloo_group(connect_store(d.launch, options.timeout), d.launch.rank,
-                              d.launch.world_size, options.timeout);
-  } else {
-    auto id = exchange_nccl_id(d.launch, options.timeout);
-    d.group =
-        make_nccl_group(d.launch.rank, d.launch.world_size, d.device.index(), id, options.timeout);
+    case Backend::kFake:
+      throw LaunchError("backend 'fake' cannot be launched");  // choose_engine refuses it first
   }
   return d;
 }

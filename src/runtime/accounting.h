@@ -3,10 +3,10 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 
+#include "fsdp/comm/wait_clock.h"
 #include "runtime/buffer_pool.h"
 
 namespace fsdp::detail {
@@ -16,8 +16,11 @@ struct Accounting {
   int64_t peak_full_bytes = 0;
   int64_t comm_bytes = 0;
   int64_t peak_comm_bytes = 0;
-  // Time the compute thread spent blocked waiting for collectives: exposed communication.
-  double exposed_comm_seconds = 0;
+  // Time the compute spent held up by collectives, exposed communication: the training thread
+  // blocked in wait() on CPU backends, the compute stream stalled at each wait on CUDA (events,
+  // resolved when read). Collectives are waited with wait_timed(exposed_comm_seconds); reading
+  // it as a double gives the seconds (wait_clock.h).
+  WaitClock exposed_comm_seconds;
   std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
 
   void add_full(int64_t n) {
@@ -28,23 +31,6 @@ struct Accounting {
     comm_bytes += n;
     peak_comm_bytes = std::max(peak_comm_bytes, comm_bytes);
   }
-};
-
-// Adds the lifetime of the scope to Accounting::exposed_comm_seconds.
-class ExposedCommTimer {
- public:
-  explicit ExposedCommTimer(Accounting& acct)
-      : acct_(acct), start_(std::chrono::steady_clock::now()) {}
-  ~ExposedCommTimer() {
-    acct_.exposed_comm_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-  ExposedCommTimer(const ExposedCommTimer&) = delete;
-  ExposedCommTimer& operator=(const ExposedCommTimer&) = delete;
-
- private:
-  Accounting& acct_;
-  std::chrono::steady_clock::time_point start_;
 };
 
 }  // namespace fsdp::detail

@@ -72,6 +72,11 @@ void FsdpParam::allocate_full(Accounting& acct) {
   acct.add_full(full_nbytes_);
 }
 
+const at::Tensor& FsdpParam::allocate_full_tensor(Accounting& acct) {
+  allocate_full(acct);
+  return full_;
+}
+
 void FsdpParam::release_full(Accounting& acct) {
   if (!full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
@@ -145,7 +150,7 @@ void FsdpParam::keep_full_grad(at::ScalarType dtype) {
   full_grad_ = at::Tensor();
 }
 
-bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
+at::Tensor FsdpParam::take_full_grad() {
   at::NoGradGuard no_grad;
   at::Tensor grad;
   if (kept_grad_.defined()) {
@@ -157,6 +162,12 @@ bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
     grad = full_grad_;
   }
   full_grad_ = at::Tensor();
+  return grad;
+}
+
+bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
+  at::NoGradGuard no_grad;
+  at::Tensor grad = take_full_grad();
   if (!grad.defined()) {
     dst.zero_();  // contributes nothing to the reduction
     return false;

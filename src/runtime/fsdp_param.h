@@ -64,6 +64,9 @@ class FsdpParam {
   // `world` ranks, this parameter sharded over them), allocating its bytes from `acct`'s pool
   // first.
   void copy_full_from(const at::Tensor& gathered, int world, Accounting& acct);
+  // The full tensor with its bytes allocated from `acct`'s pool, for a caller that fills every
+  // element itself (collectives.cpp's batched copy-out; copy_full_from is the one-parameter form).
+  const at::Tensor& allocate_full_tensor(Accounting& acct);
   // Points the parameter at the full tensor, or back at the shard (releasing the full tensor's
   // bytes to `acct`'s pool). grad() is untouched either way.
   void use_full();
@@ -83,6 +86,10 @@ class FsdpParam {
   // view in the reduce dtype, zeroing padding, and drops them. Without any it zeroes the whole
   // view and returns false.
   bool take_full_grad_into(const at::Tensor& dst);
+  // The full gradient to reduce (the kept one and this backward's, summed; full shape, their
+  // dtype), undefined when there is none, and drops them: take_full_grad_into without the copy,
+  // for a caller that copies many parameters at once (collectives.cpp).
+  at::Tensor take_full_grad();
   // Drops this backward's full gradient (a failed backward's, or a parameter no longer
   // trainable); gradients kept by earlier backwards stay.
   void drop_full_grad() { full_grad_ = at::Tensor(); }

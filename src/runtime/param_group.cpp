@@ -100,8 +100,7 @@ void ParamGroup::wait_unshard(Accounting& acct) {
   if (state_ == State::kSharded) unshard_async(acct);
   {
     FSDP_RANGE(range_names_.all_gather_wait);
-    ExposedCommTimer timer(acct);
-    gather_work_->wait();
+    gather_work_->wait_timed(acct.exposed_comm_seconds);
   }
   {
     FSDP_RANGE("fsdp::all_gather_copy_out");
@@ -225,8 +224,7 @@ void ParamGroup::start_all_reduce(Accounting& acct) {
   if (!reduce_work_ || all_reduce_issued_ || !replicate_) return;
   {
     FSDP_RANGE(range_names_.reduce_scatter_wait);
-    ExposedCommTimer timer(acct);
-    reduce_work_->wait();
+    reduce_work_->wait_timed(acct.exposed_comm_seconds);
   }
   // The reduce-scatter's input (world-sized) is spent: back to the pool now, so that the next
   // unit's reduce-scatter reuses it while this all-reduce runs. Resetting the work drops the
@@ -263,8 +261,7 @@ void ParamGroup::finish_reduce(Accounting& acct) {
   if (reduce_work_) {  // the all-reduce (hybrid) or the reduce-scatter
     FSDP_RANGE(all_reduce_issued_ ? range_names_.all_reduce_wait
                                   : range_names_.reduce_scatter_wait);
-    ExposedCommTimer timer(acct);
-    reduce_work_->wait();
+    reduce_work_->wait_timed(acct.exposed_comm_seconds);
   }
   reduce_work_.reset();  // the backend's last reference to the buffers
   const bool kept = replicate_ && !all_reduce_wanted_;

@@ -55,6 +55,49 @@ void add_thread(std::vector<Span>& spans, std::unordered_map<std::string, OpStat
   }
 }
 
+// The length of the union of `spans` (sorted here by start).
+uint64_t covered_ns(std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+  std::sort(spans.begin(), spans.end());
+  uint64_t covered = 0, reach = 0;
+  for (const auto& [start, end] : spans) {
+    if (end <= reach) continue;
+    covered += end - std::max(start, reach);
+    reach = end;
+  }
+  return covered;
+}
+
+// The part of the union of `a` that no span of `b` covers (both sorted by start, as
+// covered_ns leaves them).
+uint64_t uncovered_ns(const std::vector<std::pair<uint64_t, uint64_t>>& a,
+                      const std::vector<std::pair<uint64_t, uint64_t>>& b) {
+  // Merge b into disjoint intervals, then walk a's union against them.
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& s : b) {
+    if (!merged.empty() && s.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, s.second);
+    } else {
+      merged.push_back(s);
+    }
+  }
+  uint64_t out = 0, reach = 0;
+  size_t j = 0;
+  for (auto [start, end] : a) {
+    start = std::max(start, reach);
+    if (end <= start) continue;
+    reach = end;
+    while (j < merged.size() && merged[j].second <= start) ++j;
+    uint64_t at = start;
+    for (size_t k = j; k < merged.size() && merged[k].first < end; ++k) {
+      if (merged[k].first > at) out += merged[k].first - at;
+      at = std::max(at, merged[k].second);
+      if (at >= end) break;
+    }
+    if (at < end) out += end - at;
+  }
+  return out;
+}
+
 // "fsdp::all_gather_wait (layers.0)" -> {"fsdp::all_gather_wait", "layers.0"}.
 std::pair<std::string, std::string> split_unit(const std::string& name) {
   const auto open = name.find(" (");
@@ -84,6 +127,8 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
   ProfileSummary out;
   std::unordered_map<uint64_t, std::vector<Span>> by_thread;
   std::unordered_map<std::string, OpStats> device_by_name;
+  // Device activity: NCCL's kernels, and everything else (compute kernels, copies).
+  std::vector<std::pair<uint64_t, uint64_t>> nccl_spans, other_spans;
   uint64_t first = UINT64_MAX, last = 0;
   for (const auto& e : result->events()) {
     if (e.endNs() < e.startNs()) continue;
@@ -94,6 +139,8 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
       st.calls += 1;
       st.self_ms += (e.endNs() - e.startNs()) / 1e6;
       st.total_ms = st.self_ms;
+      (starts_with(e.name(), "nccl") ? nccl_spans : other_spans)
+          .emplace_back(e.startNs(), e.endNs());
       continue;
     }
     Span s{e.name(), e.startNs(), e.endNs()};
@@ -116,28 +163,30 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
     by_thread[e.startThreadId()].push_back(std::move(s));
   }
   std::unordered_map<std::string, OpStats> by_name;
-  uint64_t training_tid = 0;
-  int64_t most_phases = -1;
+  // The training threads: those running FSDP's forward/backward phases. On CPU that is the
+  // thread that called backward(); on CUDA the forward runs there but the backward on
+  // autograd's device thread, so both count.
+  std::vector<std::pair<uint64_t, uint64_t>> training_spans;
   for (auto& [tid, spans] : by_thread) {
     add_thread(spans, by_name);  // sorts the spans by start
-    // The training thread: the one running FSDP's forward/backward phases.
-    const auto phases = std::count_if(spans.begin(), spans.end(), [](const Span& s) {
+    const bool training = std::any_of(spans.begin(), spans.end(), [](const Span& s) {
       return starts_with(s.name, "fsdp::pre_") || starts_with(s.name, "fsdp::post_");
     });
-    if (phases > most_phases) {
-      most_phases = phases;
-      training_tid = tid;
-    }
+    if (!training) continue;
+    for (const auto& s : spans) training_spans.emplace_back(s.start, s.end);
   }
-  // Compute: the time the training thread spent inside operators (the union of its spans),
-  // less the time it waited for collectives.
-  uint64_t covered = 0, reach = 0;
-  for (const auto& s : by_thread[training_tid]) {
-    if (s.end <= reach) continue;
-    covered += s.end - std::max(s.start, reach);
-    reach = s.end;
+  if (!nccl_spans.empty()) {
+    // On a GPU the host's waits take microseconds (wait() only queues a stream wait): what is
+    // exposed is the time NCCL's kernels run while no other kernel does.
+    out.comm_ms = covered_ns(nccl_spans) / 1e6;
+    out.compute_ms = covered_ns(other_spans) / 1e6;
+    out.exposed_comm_ms = uncovered_ns(nccl_spans, other_spans) / 1e6;
+    out.device_figures = true;
+  } else {
+    // Compute: the time the training threads spent inside operators (the union of their
+    // spans), less the time they waited for collectives.
+    out.compute_ms = std::max(0.0, covered_ns(training_spans) / 1e6 - out.exposed_comm_ms);
   }
-  out.compute_ms = std::max(0.0, covered / 1e6 - out.exposed_comm_ms);
   out.threads = static_cast<int64_t>(by_thread.size());
   out.span_ms = last > first ? (last - first) / 1e6 : 0;
   out.overlap = out.comm_ms > 0 ? std::max(0.0, 1 - out.exposed_comm_ms / out.comm_ms) : 0;

@@ -1,23 +1,39 @@
-// NCCL at world size 1 on a real GPU: the shared collective bodies on CUDA tensors.
-// Compiled and linked wherever the CUDA toolkit and NCCL are; skips without a GPU.
+// NCCL at world size 1 on a real GPU: collectives on CUDA tensors, the buffers a wait releases,
+// the stream stall a timed wait measures, reductions in 16-bit dtypes, initialisation without
+// the peer, and init_from_env's current device. Compiled and linked wherever the CUDA toolkit
+// and NCCL are; skips without a GPU.
 #include <ATen/Context.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "fsdp/comm/backends.h"
+#include "fsdp/comm/wait_clock.h"
 #include "fsdp/errors.h"
+#include "fsdp/launch/launch.h"
 
 namespace fsdp {
 namespace {
 
 bool have_gpu() { return at::hasCUDA() && at::getNumGPUs() > 0; }
 
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible to libtorch"
+
+at::TensorOptions cuda(at::ScalarType dtype = at::kFloat) {
+  return at::TensorOptions().device(at::kCUDA, 0).dtype(dtype);
+}
+
 TEST(NcclGroup, WorldOfOneOnCuda) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible to libtorch";
+  SKIP_WITHOUT_GPU();
   auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
-  auto opts = at::TensorOptions().device(at::kCUDA, 0);
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    auto in = at::arange(7, opts.dtype(dtype));
-    auto out = at::empty({7}, opts.dtype(dtype));
+  EXPECT_EQ(pg->device(), at::Device(at::kCUDA, 0));
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    auto in = at::arange(7, cuda(dtype));
+    auto out = at::empty({7}, cuda(dtype));
     pg->all_gather(out, in)->wait();
     EXPECT_TRUE(at::equal(out.cpu(), in.cpu()));
     pg->reduce_scatter(out, in, ReduceOp::kAvg)->wait();
@@ -25,14 +41,98 @@ TEST(NcclGroup, WorldOfOneOnCuda) {
     auto t = in.clone();
     pg->all_reduce(t, ReduceOp::kSum)->wait();
     EXPECT_TRUE(at::equal(t.cpu(), in.cpu()));
+    pg->broadcast(t, 0)->wait();
+    EXPECT_TRUE(at::equal(t.cpu(), in.cpu()));
   }
   pg->barrier()->wait();
 }
 
 TEST(NcclGroup, RejectsCpuTensors) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible to libtorch";
+  SKIP_WITHOUT_GPU();
   auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
   EXPECT_THROW(pg->all_reduce(at::ones({2}), ReduceOp::kSum), Error);
+}
+
+// Item 7: a bf16 reduction moves bf16 (what the counters count), in the dtype asked.
+TEST(NcclGroup, Bf16ReducesInBf16) {
+  SKIP_WITHOUT_GPU();
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto in = at::full({1024}, 1.5, cuda(at::kBFloat16));
+  auto out = at::empty({1024}, cuda(at::kBFloat16));
+  pg->reduce_scatter(out, in, ReduceOp::kAvg)->wait();
+  EXPECT_EQ(pg->stats().bytes_of(CollectiveKind::kReduceScatter), 1024 * 2);
+  EXPECT_TRUE(at::equal(out.cpu(), in.cpu()));
+}
+
+// Item 3: the group lets go of a collective's tensors at a wait on the issuing stream, not
+// when its watchdog sees the collective finish; a wait on another stream keeps them.
+TEST(NcclGroup, WaitOnIssuingStreamReleasesTheTensors) {
+  SKIP_WITHOUT_GPU();
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto in = at::ones({1 << 20}, cuda());
+  auto out = at::empty({1 << 20}, cuda());
+  auto work = pg->all_gather(out, in);
+  EXPECT_EQ(in.use_count(), 2);  // ours and the group's
+  work->wait();
+  EXPECT_EQ(in.use_count(), 1);
+  EXPECT_EQ(out.use_count(), 1);
+
+  auto other = c10::cuda::getStreamFromPool();
+  work = pg->all_gather(out, in);
+  {
+    c10::cuda::CUDAStreamGuard guard(other);
+    work->wait();
+  }
+  EXPECT_EQ(in.use_count(), 2);  // its memory belongs to the first stream, which did not wait
+  work.reset();
+  c10::cuda::device_synchronize();
+}
+
+// Item 6: a timed wait measures the caller's stream stall. With every collective held back
+// 50 ms on its stream (the debugging switch) and nothing else queued, the stream must stall at
+// least that long: a lower bound the device enforces, not a speed.
+TEST(NcclGroup, TimedWaitMeasuresTheStreamStall) {
+  SKIP_WITHOUT_GPU();
+  setenv("FSDP_DEBUG_COMM_DELAY_MS", "50", 1);
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  unsetenv("FSDP_DEBUG_COMM_DELAY_MS");
+  auto in = at::ones({1024}, cuda());
+  auto out = at::empty({1024}, cuda());
+  c10::cuda::device_synchronize();
+  WaitClock clock;
+  pg->all_gather(out, in)->wait_timed(clock);
+  const double stalled = clock.seconds();  // blocks until the stream passed the wait
+  std::cout << "stream stalled " << stalled * 1e3 << " ms behind a 50 ms delayed all-gather\n";
+  EXPECT_GE(stalled, 0.045);
+  EXPECT_TRUE(at::equal(out.cpu(), in.cpu()));     // and the result is right, late as it was
+  EXPECT_EQ(static_cast<double>(clock), stalled);  // read again: the same, nothing pending
+}
+
+// Item 5: without its peer, initialisation ends in a TimeoutError instead of blocking forever.
+TEST(NcclGroup, InitWithoutThePeerTimesOut) {
+  SKIP_WITHOUT_GPU();
+  try {
+    make_nccl_group(0, 2, 0, make_nccl_unique_id(), std::chrono::seconds(3));
+    FAIL() << "rank 0 of 2 initialised alone";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("did not join"), std::string::npos) << e.what();
+  }
+}
+
+// Item 1: init_from_env makes the rank's GPU the current device.
+TEST(NcclGroup, InitFromEnvSetsTheCurrentDevice) {
+  SKIP_WITHOUT_GPU();
+  InitOptions options;
+  options.backend = Backend::kNccl;
+  options.device = DeviceChoice::kCuda;  // ctest sets FSDP_DEVICE=cpu for the CPU suites
+  const int last = static_cast<int>(at::getNumGPUs()) - 1;
+  LaunchInfo launch;
+  launch.local_rank = last;  // the highest GPU: not the default current device when > 0
+  auto d = init_from_launch(launch, options);
+  EXPECT_EQ(d.device, at::Device(at::kCUDA, last));
+  EXPECT_EQ(c10::cuda::current_device(), last);
+  EXPECT_EQ(d.group->device(), d.device);
+  c10::cuda::set_device(0);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ void expect_launch_error(const std::map<std::string, std::string>& vars,
 
 TEST(DetectLaunch, SingleProcessWhenNothingIsSet) {
   auto info = detect({});
-  EXPECT_EQ(info.launcher, "single");
+  EXPECT_EQ(info.launcher, Launcher::kSingle);
   EXPECT_EQ(info.world_size, 1);
   EXPECT_EQ(info.rank, 0);
 }
@@ -42,7 +42,7 @@ TEST(DetectLaunch, Torchrun) {
                       {"MASTER_PORT", "29500"},
                       {"TORCHELASTIC_USE_AGENT_STORE", "True"},
                       {"TORCHELASTIC_RESTART_COUNT", "2"}});
-  EXPECT_EQ(info.launcher, "torchrun");
+  EXPECT_EQ(info.launcher, Launcher::kTorchrun);
   EXPECT_EQ(info.rank, 3);
   EXPECT_EQ(info.world_size, 4);
   EXPECT_EQ(info.local_rank, 1);
@@ -56,11 +56,11 @@ TEST(DetectLaunch, OpenMpiAndPmiAndSlurm) {
   auto ompi = detect({{"OMPI_COMM_WORLD_RANK", "1"},
                       {"OMPI_COMM_WORLD_SIZE", "2"},
                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
-  EXPECT_EQ(ompi.launcher, "mpirun");
+  EXPECT_EQ(ompi.launcher, Launcher::kMpirun);
   EXPECT_EQ(ompi.rank, 1);
   EXPECT_EQ(ompi.world_size, 2);
   auto pmi = detect({{"PMI_RANK", "2"}, {"PMI_SIZE", "3"}});
-  EXPECT_EQ(pmi.launcher, "mpirun");
+  EXPECT_EQ(pmi.launcher, Launcher::kMpirun);
   EXPECT_EQ(pmi.rank, 2);
   EXPECT_EQ(pmi.local_rank, 2);
   auto slurm = detect({{"SLURM_PROCID", "5"},
@@ -68,7 +68,7 @@ TEST(DetectLaunch, OpenMpiAndPmiAndSlurm) {
                        {"SLURM_LOCALID", "1"},
                        {"MASTER_ADDR", "node0"},
                        {"MASTER_PORT", "1234"}});
-  EXPECT_EQ(slurm.launcher, "slurm");
+  EXPECT_EQ(slurm.launcher, Launcher::kSlurm);
   EXPECT_EQ(slurm.rank, 5);
   EXPECT_EQ(slurm.local_rank, 1);
   EXPECT_EQ(slurm.master_addr, "node0");
@@ -93,16 +93,18 @@ TEST(DetectLaunch, MalformedVariablesAreNamed) {
 
 TEST(InitFromEnv, RejectsImpossibleChoices) {
   InitOptions options;
-  options.backend = "carrier-pigeon";
+  options.backend = Backend::kFake;
   EXPECT_THROW(init_from_env(options), LaunchError);
-  options.backend = "auto";
-  options.device = "tpu";
+  options.backend = Backend::kNccl;
+  options.device = DeviceChoice::kCpu;
   EXPECT_THROW(init_from_env(options), LaunchError);
 }
 
 TEST(InitFromEnv, SingleProcessGetsAWorldOfOne) {
-  auto d = init_from_env();
-  EXPECT_EQ(d.launch.launcher, "single");
+  InitOptions options;
+  options.device = DeviceChoice::kCpu;  // the same on a machine with a GPU
+  auto d = init_from_env(options);
+  EXPECT_EQ(d.launch.launcher, Launcher::kSingle);
   EXPECT_EQ(d.group->size(), 1);
   auto t = at::ones({3});
   d.group->all_reduce(t, ReduceOp::kSum)->wait();

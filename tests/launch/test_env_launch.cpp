@@ -15,7 +15,7 @@ Distributed& dist() {
 }
 
 TEST(EnvLaunch, PicksGlooOverTcp) {
-  EXPECT_EQ(dist().launch.launcher, "torchrun");
+  EXPECT_EQ(dist().launch.launcher, Launcher::kTorchrun);
   EXPECT_EQ(dist().group->backend_name(), "gloo");
   EXPECT_EQ(dist().group->size(), dist().launch.world_size);
   EXPECT_EQ(dist().group->rank(), dist().launch.rank);

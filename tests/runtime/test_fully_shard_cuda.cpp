@@ -4,6 +4,9 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+
 #include "support/train_harness.h"
 
 namespace fsdp::testing {
@@ -51,6 +54,33 @@ TEST_F(CudaTest, NcclWorldOneBf16MatchesReferenceWithSameCasts) {
   EXPECT_GT(pg->stats().count(CollectiveKind::kAllGather), 0);
   EXPECT_LT(loss_err, 1e-3);
   EXPECT_LT(param_err, 1e-3);
+
+  // The same with every collective held back 20 ms on its stream (FSDP_DEBUG_COMM_DELAY_MS):
+  // a stream wait missing anywhere (a copy-out reading the buffer before the all-gather wrote
+  // it, a buffer reused before the reduce-scatter read it) would change the numbers.
+  setenv("FSDP_DEBUG_COMM_DELAY_MS", "20", 1);
+  auto delayed_pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  unsetenv("FSDP_DEBUG_COMM_DELAY_MS");
+  auto delayed = train_sharded(s, delayed_pg);
+  EXPECT_EQ(delayed.losses, got.losses);
+  EXPECT_EQ(max_rel_param_error(delayed, got), 0.0);
+}
+
+// The reduce dtype bf16 (item 7): NCCL reduces in bf16, and the counters count bf16 bytes.
+TEST_F(CudaTest, NcclWorldOneBf16ReductionCountsBf16Bytes) {
+  auto s = spec();
+  s.steps = 2;
+  s.mp.param_dtype = at::kBFloat16;
+  s.mp.reduce_dtype = at::kBFloat16;
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto model = build_model(s);
+  int64_t params = 0;
+  for (const auto& p : unique_parameters(*model)) params += p.numel();
+  pg->reset_stats();
+  auto got = train_sharded(s, pg);
+  // World 1: every gradient element is reduced once per step, two bytes each.
+  EXPECT_EQ(pg->stats().bytes_of(CollectiveKind::kReduceScatter), s.steps * params * 2);
+  for (double loss : got.losses) EXPECT_TRUE(std::isfinite(loss));
 }
 
 class FakeCudaWorld : public CudaTest, public ::testing::WithParamInterface<int> {};
@@ -60,7 +90,7 @@ TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {
   auto s = spec();
   s.mp.param_dtype = at::kBFloat16;
   s.mp.reduce_dtype = at::kFloat;
-  auto pg = make_fake_group(0, world, at::kCUDA);
+  auto pg = make_fake_group(0, world, s.device);
   auto model = build_model(s);
   const int64_t expected = expected_shard_bytes(model, world, /*rank=*/0);
   FullyShardOptions opts{s.mp, std::nullopt};

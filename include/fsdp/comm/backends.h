@@ -40,10 +40,20 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, in
 
 // NCCL, CUDA tensors, one rank per GPU. `unique_id` is the bytes of an ncclUniqueId created by
 // rank 0 (make_nccl_unique_id) and handed to every rank by the caller (init_from_env uses MPI
-// or the TCP store). Throws UnsupportedError when built without NCCL.
-// A watchdog thread aborts the communicator when a collective has not completed `timeout`
-// after it was issued (a dead or stuck peer) or NCCL reports an asynchronous error; waits and
-// later collectives then throw CommError with the cause. 0: no watchdog.
+// or the TCP store: share_over_store). Throws UnsupportedError when built without NCCL.
+// The communicator is created non-blocking: when a peer does not join within `timeout` (it died
+// before its init) this throws TimeoutError instead of waiting forever. A watchdog thread aborts
+// the communicator when a collective has not completed `timeout` after it was issued (a dead or
+// stuck peer), failed on the GPU (its CUDA error becomes the cause), or NCCL reports an
+// asynchronous error; waits and later collectives then throw CommError with the cause.
+// 0: no watchdog, and no limit on the initialisation.
+// Collectives run on the group's own stream after the caller's current stream; wait() orders
+// the caller's stream after them. The group keeps a collective's tensors until a wait() on the
+// stream that was current when it was issued (buffers allocated there may be reused by that
+// stream at once), or until it completes.
+// Debugging aid: FSDP_DEBUG_COMM_DELAY_MS=N (read when the group is made) holds every
+// collective back N ms on its stream, so that a missing stream wait shows on one GPU as wrong
+// results rather than a rare race.
 std::vector<uint8_t> make_nccl_unique_id();
 ProcessGroupPtr make_nccl_group(int rank, int world_size, int device,
                                 const std::vector<uint8_t>& unique_id,

@@ -11,5 +11,8 @@ namespace fsdp {
 // all_gather repeats the input in every slot; a sum multiplies by world_size; an average and
 // broadcast leave data unchanged. Works on CPU or CUDA tensors; every Work is complete at once.
 ProcessGroupPtr make_fake_group(int rank, int world_size, at::DeviceType device = at::kCPU);
+// The same on one device, say a GPU with its index (device() returns it; with only a type the
+// current device is meant).
+ProcessGroupPtr make_fake_group(int rank, int world_size, at::Device device);
 
 }  // namespace fsdp

@@ -7,8 +7,10 @@
 // throws fsdp::InvalidArgument naming the operation, the tensor and what was expected.
 //
 // Supported dtypes: float32, float64, bfloat16, float16 (all operations), int32, int64, uint8
-// (all but ReduceOp::kAvg). Reductions of bfloat16/float16 accumulate in float32 on every
-// backend, so that a sum over ranks is as accurate as the engine's float32 sum.
+// (all but ReduceOp::kAvg). Reductions of bfloat16/float16 accumulate in float32 on the CPU
+// backends, so that a sum over ranks is as accurate as the engine's float32 sum. NCCL reduces
+// them in their own dtype, as c10d and FSDP2 do: the bytes moved are the tensor's (what
+// stats() counts), and NCCL rounds at each step of its ring.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -6,18 +6,26 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp {
 
+// How this process was started.
+enum class Launcher {
+  kSingle,    // none of the variables below: one process, world size 1
+  kTorchrun,  // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (torchrun, scripts/launch.sh)
+  kMpirun,    // Open MPI's OMPI_COMM_WORLD_*, or PMI_RANK/PMI_SIZE
+  kSlurm,     // SLURM_PROCID/SLURM_NTASKS
+};
+// "single", "torchrun", "mpirun", "slurm".
+const char* launcher_name(Launcher launcher);
+
 // What the environment says about how this process was started.
 struct LaunchInfo {
-  // "torchrun" (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, also scripts/launch.sh), "mpirun"
-  // (Open MPI's OMPI_COMM_WORLD_* or PMI_RANK/PMI_SIZE), "slurm" (SLURM_PROCID/SLURM_NTASKS),
-  // or "single" (none of these: one process, world size 1).
-  std::string launcher = "single";
+  Launcher launcher = Launcher::kSingle;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -35,18 +43,47 @@ struct LaunchInfo {
 using EnvLookup = std::function<const char*(const char*)>;
 LaunchInfo detect_launch(const EnvLookup& getenv = nullptr);
 
+// Which kind of device a process computes on; kAuto lets init_from_env decide.
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+// "auto", "cpu", "cuda".
+const char* device_choice_name(DeviceChoice choice);
+
+// For flags and environment variables. Both throw LaunchError naming the value and the choices.
+// "auto", "cpu", "cuda".
+DeviceChoice parse_device_choice(const std::string& name);
+// "auto" -> nullopt (chosen from the device and the launcher); "mpi", "gloo", "nccl", "local".
+// "fake" is refused: the fake group is for tests (make_fake_group), not a launch.
+std::optional<Backend> parse_backend_choice(const std::string& name);
+
 struct InitOptions {
-  // "auto": NCCL when CUDA is usable, else MPI under mpirun, Gloo under torchrun-style launch,
-  // the in-process "local" group for a single process. Or force "mpi", "gloo", "nccl".
-  // The FSDP_BACKEND environment variable, when set, overrides "auto".
-  std::string backend = "auto";
-  // "auto": cuda:LOCAL_RANK when libtorch sees a GPU, else cpu. Or "cpu" / "cuda".
-  std::string device = "auto";
+  // The engine. nullopt (auto): the FSDP_BACKEND environment variable when set; else NCCL when
+  // the device is CUDA, MPI under mpirun, Gloo under a torchrun-style launch, the in-process
+  // "local" group for a single process.
+  std::optional<Backend> backend;
+  // The device. kAuto: the FSDP_DEVICE environment variable when set; else the CPU when the
+  // engine is a CPU one (MPI, Gloo, local: forcing FSDP_BACKEND=gloo on a GPU machine runs on
+  // the CPU), else cuda:LOCAL_RANK when libtorch sees a GPU, else the CPU.
+  DeviceChoice device = DeviceChoice::kAuto;
   // How long a collective or the rendezvous waits for peers before failing with CommError:
-  // Gloo, MPI (which then aborts the job: make_mpi_world_group), the TCP store. A dead,
-  // stuck or diverged peer ends the run in about this time instead of hanging it.
+  // Gloo, MPI (which then aborts the job: make_mpi_world_group), NCCL (its watchdog and its
+  // initialisation), the TCP store. A dead, stuck or diverged peer ends the run in about this
+  // time instead of hanging it.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
+
+// The engine and device init_from_launch uses, decided without starting anything.
+struct EngineChoice {
+  Backend backend = Backend::kLocal;
+  c10::Device device{c10::kCPU};
+};
+
+// The rules of InitOptions, from `launch`, the number of GPUs libtorch sees and the variables
+// FSDP_BACKEND and FSDP_DEVICE (read through `getenv`, std::getenv by default; an option that
+// is not auto wins over its variable). Throws LaunchError for an impossible choice: NCCL
+// without a GPU or on the CPU, a CPU engine on CUDA, a local rank without its GPU, the "local"
+// engine in a launch of several processes, a malformed variable.
+EngineChoice choose_engine(const LaunchInfo& launch, const InitOptions& options, int visible_gpus,
+                           const EnvLookup& getenv = nullptr);
 
 struct Distributed {
   LaunchInfo launch;
@@ -54,9 +91,10 @@ struct Distributed {
   ProcessGroupPtr group;
 };
 
-// detect_launch() + device choice + backend construction. Throws LaunchError for a bad
-// environment or an impossible choice (say backend "nccl" without a GPU), CommError when the
-// engine fails to start.
+// detect_launch() + choose_engine() + backend construction. On CUDA the rank's GPU becomes the
+// current device of the calling thread (once, here), so that work the program queues without
+// naming a device index lands on it. Throws LaunchError for a bad environment or an impossible
+// choice, CommError when the engine fails to start.
 Distributed init_from_env(const InitOptions& options = {});
 
 // The same from a LaunchInfo the program already has (detect_launch() called once, say to

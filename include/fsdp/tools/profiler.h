@@ -38,21 +38,28 @@ struct ProfileSummary {
   std::vector<OpStats> device_ops;
   int64_t threads = 0;  // threads with events
   double span_ms = 0;   // first event's start to last event's end
-  // Time the training thread spent in operators (its busiest thread: FSDP's phases), less the
-  // time it waited for collectives.
+  // The three figures below come from the device when the trace holds NCCL kernels
+  // (device_figures), else from the host's ranges.
+  // Host: time the training threads (those running FSDP's phases: on CUDA the backward runs on
+  // autograd's device thread) spent in operators, less the time they waited for collectives.
+  // Device: time kernels other than NCCL's ran (their union over streams).
   double compute_ms = 0;
-  // Time the communication thread spent in collectives (fsdp::comm::* ranges).
+  // Host: time the communication thread spent in collectives (fsdp::comm::* ranges).
+  // Device: time NCCL's kernels ran.
   double comm_ms = 0;
-  // Time the training thread waited for collectives (fsdp::*_wait ranges): exposed
-  // communication, the trainer's "exposed comm" over the same steps.
+  // Exposed communication. Host: time the training threads waited for collectives
+  // (fsdp::*_wait ranges), the trainer's "exposed comm" over the same steps. Device: time NCCL's
+  // kernels ran while no other kernel did (a CUDA wait() does not block the host).
   double exposed_comm_ms = 0;
+  bool device_figures = false;
   // 1 - exposed / comm: the share of communication hidden behind compute (0 when none).
   double overlap = 0;
   // Calls of each fsdp:: range, by its name without the unit ("fsdp::all_gather_wait").
   std::map<std::string, int64_t> fsdp_counts;
-  // Time the training thread waited for each unit's all-gather and reduce-scatter, by unit
+  // Time the training threads waited for each unit's all-gather and reduce-scatter, by unit
   // name ("layers.0"; "(root)"); units that never waited are absent. With hybrid sharding the
-  // reduce-scatter wait includes the all-reduce across replicas that follows it.
+  // reduce-scatter wait includes the all-reduce across replicas that follows it. Host time: on
+  // CUDA it is the cost of queueing the wait, not the stall (see exposed_comm_ms).
   std::map<std::string, double> all_gather_wait_ms, reduce_scatter_wait_ms;
 };
 

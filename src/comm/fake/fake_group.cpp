@@ -7,11 +7,12 @@ namespace {
 
 class FakeProcessGroup final : public ProcessGroup {
  public:
-  FakeProcessGroup(int rank, int size, at::DeviceType device)
+  FakeProcessGroup(int rank, int size, at::Device device)
       : ProcessGroup(rank, size), device_(device) {}
 
   Backend backend() const override { return Backend::kFake; }
-  at::DeviceType device_type() const override { return device_; }
+  at::DeviceType device_type() const override { return device_.type(); }
+  at::Device device() const override { return device_; }
 
  protected:
   WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input) override {
@@ -45,12 +46,16 @@ class FakeProcessGroup final : public ProcessGroup {
 
  private:
   static WorkPtr done() { return std::make_shared<detail::CompletedWork>(); }
-  at::DeviceType device_;
+  at::Device device_;
 };
 
 }  // namespace
 
 ProcessGroupPtr make_fake_group(int rank, int world_size, at::DeviceType device) {
+  return std::make_shared<FakeProcessGroup>(rank, world_size, at::Device(device));
+}
+
+ProcessGroupPtr make_fake_group(int rank, int world_size, at::Device device) {
   return std::make_shared<FakeProcessGroup>(rank, world_size, device);
 }
 

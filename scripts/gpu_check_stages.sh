@@ -1,0 +1,249 @@
+# The stages of scripts/gpu_check.sh (sourced there; each runs as its own process under its own
+# timeout). A stage writes its log to stdout, one summary line to $L/<stage>.detail, and may leave
+# a table in $L/<stage>.table; env (and build) leave $L/env.sh for the stages after them.
+# shellcheck shell=bash
+
+L="$GPU_CHECK_LOGS"
+ROOT="$GPU_CHECK_ROOT"
+STAGE="${2:-}"
+
+detail() { echo "$*" > "$L/$STAGE.detail"; }
+
+# gtest's verdict line: "12 passed, 0 failed".
+gtest_counts() {
+  local passed failed
+  passed="$(grep -oE '\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)"
+  failed="$(grep -oE '\[  FAILED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)"
+  echo "${passed:-0} passed, ${failed:-0} failed"
+}
+
+free_port() {
+  "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+stage_env() {
+  STAGE=env
+  nvidia-smi || true
+  local gpu
+  gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  "$PYTHON" - > "$L/env_python.txt" 2>&1 << 'EOF'
+import os, torch
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "?"
+name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
+print(f"VERSIONS torch {torch.__version__} | CUDA {torch.version.cuda} | NCCL {nccl} | {name}")
+print("SITE", os.path.dirname(os.path.dirname(torch.__file__)))
+EOF
+  cat "$L/env_python.txt"
+  local site versions libpath
+  site="$(awk '/^SITE/ {print $2}' "$L/env_python.txt")"
+  versions="$(sed -n 's/^VERSIONS //p' "$L/env_python.txt")"
+  [ -n "$site" ] || { detail "python3 has no torch: $(tail -1 "$L/env_python.txt")"; return 1; }
+  libpath="$site/torch/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib:$site/nvidia/cudnn/lib"
+  echo "cores $(nproc)"; free -g; df -h /dev/shm /tmp
+  # The initial weights (2.9 GB) go to memory, not to the output folder.
+  local init=/dev/shm/fsdp_gpu_check_init.safetensors
+  local shm_free
+  shm_free="$(df --output=avail -B1G /dev/shm 2> /dev/null | tail -1 | tr -d ' ')"
+  [ "${shm_free:-0}" -ge 8 ] || init=/tmp/fsdp_gpu_check_init.safetensors
+  {
+    echo "export LD_LIBRARY_PATH='$libpath'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    echo "export GPU_CHECK_INIT='$init'"
+    echo "export FSDP_GPU_BIN='$ROOT/.gpu_bundle/bin'"
+  } > "$L/env.sh"
+  # Whether the prebuilt programs load here: every library found, and they start.
+  local bundle="$ROOT/.gpu_bundle" how="no bundle: build there"
+  if [ -x "$bundle/bin/train_minillm" ]; then
+    cat "$bundle/MANIFEST.txt" 2> /dev/null
+    local missing
+    missing="$(for f in "$bundle"/bin/* "$bundle"/lib/*; do
+      LD_LIBRARY_PATH="$libpath" ldd "$f" | grep "not found"; done | sort -u)"
+    LD_LIBRARY_PATH="$libpath" ldd "$bundle/bin/train_minillm"
+    if [ -z "$missing" ] &&
+      LD_LIBRARY_PATH="$libpath" "$bundle/bin/train_minillm" --help > /dev/null &&
+      LD_LIBRARY_PATH="$libpath" "$bundle/bin/test_cuda" --gtest_list_tests > /dev/null; then
+      touch "$L/bundle_ok"
+      how="bundle loads"
+    else
+      how="bundle does not load (${missing:-a program failed to start}): build there"
+    fi
+  fi
+  detail "$gpu | $versions | $how"
+}
+
+stage_build() {
+  STAGE=build
+  local build=/tmp/fsdp_gpu_build torch_prefix gen=()
+  [ -d "$ROOT/.gpu_deps" ] || { detail "no .gpu_deps (scripts/gpu_bundle_deps.sh) to build with"; return 2; }
+  torch_prefix="$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  cmake -S "$ROOT" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DFSDP_PYTHON="$(command -v "$PYTHON")" \
+    -DFSDP_DEPS_DIR="$ROOT/.gpu_deps" -DFSDP_WITH_NCCL=ON -DFSDP_WITH_MPI=OFF \
+    -DFSDP_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST || { detail "configure failed"; return 1; }
+  cmake --build "$build" -j "$(nproc)" --target train_minillm test_cuda nccl_two_ranks \
+    nccl_gpu_fault || { detail "build failed (build.log)"; return 1; }
+  echo "export FSDP_GPU_BIN='$build/bin'" >> "$L/env.sh"
+  detail "built train_minillm, test_cuda, nccl_two_ranks, nccl_gpu_fault in $build"
+}
+
+stage_nccl() {
+  STAGE=nccl
+  NCCL_DEBUG=INFO "$FSDP_GPU_BIN/test_cuda" --gtest_filter='NcclGroup.*' 2>&1 |
+    tee "$L/nccl_gtest.log"
+  local rc=${PIPESTATUS[0]}
+  timeout 60 "$FSDP_GPU_BIN/nccl_gpu_fault" > "$L/nccl_fault.log" 2>&1
+  local fault=$?
+  cat "$L/nccl_fault.log"
+  local said
+  said="$(grep -m1 "after the fault" "$L/nccl_fault.log" | cut -c1-160)"
+  detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $([ $fault -eq 0 ] && echo named || echo "NOT named (rc $fault)"): $said"
+  [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ]
+}
+
+stage_cuda_tests() {
+  STAGE=cuda_tests
+  "$FSDP_GPU_BIN/test_cuda" --gtest_filter='-NcclGroup.*' 2>&1 | tee "$L/cuda_gtest.log"
+  local rc=${PIPESTATUS[0]}
+  detail "$(gtest_counts "$L/cuda_gtest.log") | $(grep -h "rel err" "$L/cuda_gtest.log" | tr '\n' ' ')"
+  return "$rc"
+}
+
+stage_smoke() {
+  STAGE=smoke
+  "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 --data synthetic --batch 8 \
+    --metrics-out "$L/smoke_metrics.jsonl"
+  local rc=$?
+  detail "$(grep -E "^done" "$L/smoke.log" 2> /dev/null || echo "no summary line")"
+  return "$rc"
+}
+
+# The reference preset's initial weights, from PyTorch's own MiniLLM (bench/reference).
+write_init() {
+  [ -f "$GPU_CHECK_INIT" ] && return 0
+  (cd "$ROOT/bench/reference" && "$PYTHON" - "$GPU_CHECK_INIT" << 'EOF'
+import sys, time, torch
+from safetensors.torch import save_file
+from py_minillm import MiniLLM, PRESETS
+t0 = time.time()
+p = PRESETS["reference"]
+torch.manual_seed(0)
+m = MiniLLM(p["vocab"], p["dim"], p["layers"], p["heads"])
+save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[1])
+print(f"initial weights: {sys.argv[1]} in {time.time() - t0:.1f} s")
+EOF
+  )
+}
+
+stage_reference() {
+  STAGE=reference
+  write_init || { detail "could not write the initial weights"; return 1; }
+  local common=(--preset reference --steps 20 --data synthetic --init-from "$GPU_CHECK_INIT")
+  timeout 100 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 \
+    --metrics-out "$L/reference_cpp.jsonl" > "$L/reference_cpp.log" 2>&1
+  local cpp=$?
+  tail -5 "$L/reference_cpp.log"
+  (cd "$ROOT/bench/reference" &&
+    timeout 100 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 py_minillm.py \
+      --mode fsdp2 --device cuda --dtype bf16 --optimizer fused-adamw "${common[@]}") \
+    > "$L/reference_fsdp2.log" 2>&1
+  local py=$?
+  tail -3 "$L/reference_fsdp2.log"
+  "$PYTHON" - "$L" > "$L/reference.table" << 'EOF'
+import json, os, re, sys
+L = sys.argv[1]
+def read(name):
+    p = os.path.join(L, name)
+    return open(p).read() if os.path.exists(p) else ""
+cpp = [json.loads(l) for l in read("reference_cpp.jsonl").splitlines() if l.strip()]
+py_log = read("reference_fsdp2.log")
+py = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", py_log, re.M)]
+print(f"{'step':>4} {'FSDP2 loss':>12} {'fsdp-cpp loss':>14} {'rel diff':>9}")
+worst = 0.0
+for i, (a, b) in enumerate(zip(py, [c["loss"] for c in cpp])):
+    d = abs(a - b) / abs(a)
+    worst = max(worst, d)
+    print(f"{i:>4} {a:>12.6f} {b:>14.6f} {d:>9.2e}")
+res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", py_log) or [""])[-1]))
+cpp_log = read("reference_cpp.log")
+tps = re.search(r"median ([0-9.]+) tok/s", cpp_log)
+mfu = re.search(r"MFU ([0-9.]+)%", cpp_log)
+late = cpp[2:] if len(cpp) > 4 else cpp
+rows = [("fsdp-cpp", float(tps.group(1)) if tps else 0, float(mfu.group(1)) if mfu else 0,
+         max((c["peak_mem_bytes"] for c in cpp), default=0) / 2**20,
+         1e3 * sum(c["exposed_comm_s"] for c in late) / max(1, len(late))),
+        ("PyTorch FSDP2", float(res.get("tokens_per_s", 0)), 100 * float(res.get("mfu", 0)),
+         float(res.get("peak_mem_mb", 0)), float("nan"))]
+print(f"{'program':<14} {'tokens/s':>10} {'MFU':>7} {'peak alloc MiB':>15} {'exposed comm ms/step':>21}")
+for name, t, m, mem, comm in rows:
+    print(f"{name:<14} {t:>10.0f} {m:>6.1f}% {mem:>15.0f} {comm:>21.2f}")
+ok = len(py) == len(cpp) and len(cpp) > 0 and worst < 1e-2
+line = (f"losses {len(cpp)} steps, worst rel diff {worst:.1e} ({'within' if ok else 'NOT within'} 1e-2)"
+        f" | fsdp-cpp {rows[0][1]:.0f} tok/s MFU {rows[0][2]:.1f}% peak {rows[0][3]:.0f} MiB"
+        f" exposed {rows[0][4]:.2f} ms/step | FSDP2 {rows[1][1]:.0f} tok/s MFU {rows[1][2]:.1f}%"
+        f" peak {rows[1][3]:.0f} MiB")
+if rows[1][1] > 0 and rows[1][3] > 0:
+    line += f" | ratio tok/s {rows[0][1] / rows[1][1]:.2f}x, memory {rows[0][3] / rows[1][3]:.2f}x"
+open(os.path.join(L, "reference.detail"), "w").write(line + "\n")
+sys.exit(0 if ok else 1)
+EOF
+  local cmp=$?
+  cat "$L/reference.table"
+  [ "$cpp" -eq 0 ] && [ "$py" -eq 0 ] && [ "$cmp" -eq 0 ]
+}
+
+stage_profile() {
+  STAGE=profile
+  write_init || return 1
+  timeout 55 "$FSDP_GPU_BIN/train_minillm" --preset reference --dtype bf16 --steps 4 \
+    --data synthetic --init-from "$GPU_CHECK_INIT" --profile-steps 2:2 \
+    --profile-dir "$L/profile"
+  local rc=$?
+  detail "$(grep -m1 "^profile: compute" "$L/profile.log" | cut -c1-200)"
+  return "$rc"
+}
+
+stage_two_ranks() {
+  STAGE=two_ranks
+  # Two processes on cuda:0: NCCL refuses two ranks of one host on one GPU, so each names its
+  # own host and they talk over loopback sockets.
+  local nccl_env=(WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1
+    FSDP_BACKEND=nccl NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1
+    NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO)
+  run_pair() {  # log-prefix seconds program args...
+    local prefix=$1 secs=$2 port pids=() rc=0
+    shift 2
+    port="$(free_port)"
+    for r in 0 1; do
+      env "${nccl_env[@]}" RANK=$r MASTER_PORT="$port" NCCL_HOSTID="fsdp-gpu-check-$r" \
+        timeout "$secs" "$@" > "$L/${prefix}_rank$r.log" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    return $rc
+  }
+  run_pair two_ranks_tests 50 "$FSDP_GPU_BIN/nccl_two_ranks"
+  local tests=$?
+  cat "$L/two_ranks_tests_rank0.log"
+  run_pair two_ranks_trainer 35 "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 \
+    --data synthetic --batch 8 --metrics-out "$L/two_ranks_metrics.jsonl"
+  local trainer=$?
+  tail -3 "$L/two_ranks_trainer_rank0.log"
+  local cmp
+  cmp="$("$PYTHON" - "$L" << 'EOF'
+import json, os, sys
+L = sys.argv[1]
+def losses(name):
+    p = os.path.join(L, name)
+    return [json.loads(l)["loss"] for l in open(p)] if os.path.exists(p) else []
+one, two = losses("smoke_metrics.jsonl"), losses("two_ranks_metrics.jsonl")
+if not one or not two:
+    print("trainer world 2: no losses to compare")
+else:
+    worst = max(abs(a - b) / abs(a) for a, b in zip(one, two))
+    print(f"trainer world 2 vs 1: worst loss rel diff {worst:.1e} over {min(len(one), len(two))} steps")
+EOF
+)"
+  detail "nccl_two_ranks: $(gtest_counts "$L/two_ranks_tests_rank0.log") (rc $tests) | $cmp (rc $trainer)"
+  [ "$tests" -eq 0 ] && [ "$trainer" -eq 0 ]
+}

@@ -1,0 +1,177 @@
+#include "comm/nccl/nccl_comm.h"
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "fsdp/errors.h"
+
+namespace fsdp::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits out one step of polling: spin briefly (most calls finish within microseconds), then
+// sleep, so a long wait costs no core.
+void backoff(int polls) {
+  if (polls < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<NcclComm> NcclComm::init(int rank, int world, int device, const ncclUniqueId& id,
+                                         std::chrono::milliseconds timeout) {
+  CudaDeviceGuard guard(device);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  // Non-blocking: ncclCommInitRank blocks until every rank joined, forever if one died first.
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, world, id, rank, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    if (comm) ncclCommAbort(comm);
+    throw CommError("nccl", "init", rank, world,
+                    fmt::format("ncclCommInitRankConfig returned {}: {}", ncclGetErrorString(rc),
+                                ncclGetLastError(nullptr)));
+  }
+  std::shared_ptr<NcclComm> out(new NcclComm(comm, rank, world, device, timeout));
+  std::lock_guard<std::mutex> lock(out->mu_);
+  out->settle_locked("init",
+                     "a peer did not join the communicator (it died or hangs before its init, or "
+                     "holds another unique id)");
+  return out;
+}
+
+std::shared_ptr<NcclComm> NcclComm::split(int color, int key, int child_world) {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_if_aborted("split");
+  CudaDeviceGuard guard(device_);
+  ncclComm_t child = nullptr;
+  // config nullptr: the child inherits this communicator's (non-blocking) configuration, so it
+  // is returned at once and comes up in the background: poll the child.
+  ncclResult_t rc = ncclCommSplit(comm_, color, key, &child, nullptr);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    if (child) ncclCommAbort(child);
+    throw CommError("nccl", "split", rank_, world_,
+                    fmt::format("ncclCommSplit returned {}: {}", ncclGetErrorString(rc),
+                                ncclGetLastError(comm_)));
+  }
+  std::shared_ptr<NcclComm> out(new NcclComm(child, key, child_world, device_, timeout_));
+  {
+    std::lock_guard<std::mutex> child_lock(out->mu_);
+    out->settle_locked("split", "a peer did not take part in the split");
+    int child_rank = -1;
+    if (ncclCommUserRank(child, &child_rank) == ncclSuccess) out->rank_ = child_rank;
+  }
+  settle_locked("split", "a peer did not take part in the split");
+  return out;
+}
+
+NcclComm::~NcclComm() {
+  if (aborted_ || comm_ == nullptr) return;
+  CudaDeviceGuard guard(device_);
+  // ncclCommFinalize flushes what was issued and waits (through ncclInProgress) for the other
+  // ranks to be done with the communicator; bounded, since a peer may be gone.
+  ncclResult_t rc = ncclCommFinalize(comm_);
+  const auto start = Clock::now();
+  for (int polls = 0; rc == ncclSuccess || rc == ncclInProgress; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess || state != ncclInProgress) {
+      rc = rc == ncclSuccess ? state : rc;
+      break;
+    }
+    if (timeout_.count() > 0 && Clock::now() - start > timeout_) {
+      rc = ncclInProgress;
+      break;
+    }
+    backoff(polls);
+  }
+  if (rc == ncclSuccess) {
+    ncclCommDestroy(comm_);
+  } else {
+    ncclCommAbort(comm_);
+  }
+}
+
+void NcclComm::throw_if_aborted(const char* op) {
+  if (aborted_) throw CommError("nccl", op, rank_, world_, cause_);
+}
+
+void NcclComm::finish_locked(const char* op, ncclResult_t rc) {
+  if (rc == ncclSuccess) return;
+  if (rc == ncclInProgress) {
+    settle_locked(op, "a peer did not take part (it died, hangs, or issued something else)");
+    return;
+  }
+  throw CommError(
+      "nccl", op, rank_, world_,
+      fmt::format("NCCL returned {}: {}", ncclGetErrorString(rc), ncclGetLastError(comm_)));
+}
+
+void NcclComm::settle_locked(const char* op, const char* late) {
+  const auto start = Clock::now();
+  for (int polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess) state = rc;
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      const std::string cause =
+          fmt::format("NCCL reported {}: {}", ncclGetErrorString(state), ncclGetLastError(comm_));
+      abort_locked(cause + "; the communicator was aborted");
+      throw CommError("nccl", op, rank_, world_, cause);
+    }
+    const auto waited = Clock::now() - start;
+    if (timeout_.count() > 0 && waited > timeout_) {
+      const std::string cause = fmt::format("did not complete within {:.1f} s (the timeout): {}",
+                                            std::chrono::duration<double>(waited).count(), late);
+      abort_locked(cause + "; the communicator was aborted");
+      throw TimeoutError("nccl", op, rank_, world_, cause);
+    }
+    backoff(polls);
+  }
+}
+
+void NcclComm::check(const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  throw_if_aborted(op);
+  ncclResult_t state = ncclSuccess;
+  FSDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), op, rank_, world_);
+  if (state != ncclSuccess && state != ncclInProgress) {
+    throw CommError("nccl", op, rank_, world_,
+                    fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(state),
+                                ncclGetLastError(comm_)));
+  }
+}
+
+std::string NcclComm::async_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return "";
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+  if (rc != ncclSuccess) state = rc;
+  if (state == ncclSuccess || state == ncclInProgress) return "";
+  return fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(state),
+                     ncclGetLastError(comm_));
+}
+
+void NcclComm::abort(const std::string& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_locked(cause);
+}
+
+void NcclComm::abort_locked(const std::string& cause) {
+  if (aborted_) return;
+  // The flag and the cause first, under the lock: nobody can be inside an NCCL call on this
+  // communicator now, and nobody will start one after it is gone.
+  cause_ = cause;
+  aborted_ = true;
+  CudaDeviceGuard guard(device_);
+  ncclCommAbort(comm_);
+}
+
+}  // namespace fsdp::detail
