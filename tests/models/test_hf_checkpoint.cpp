@@ -88,6 +88,10 @@ struct Worlds {
   int save, load;
 };
 
+void PrintTo(const Worlds& w, std::ostream* os) {
+  *os << "saved at world " << w.save << ", loaded at " << w.load;
+}
+
 class HfRoundTrip : public ::testing::TestWithParam<Worlds> {};
 
 // Saved from a model sharded over `save` ranks into small files, loaded into one sharded over
@@ -249,6 +253,23 @@ TEST(HfCheckpoint, TiedModelAcceptsAFileWithTheHead) {
   expect_load_error(tied_dir, tiny_llama(false), "missing tensors: 'lm_head.weight' [1001, 56]");
   remove_all(dir);
   remove_all(tied_dir);
+}
+
+// As transformers' from_pretrained: model.safetensors wins over an index beside it.
+TEST(HfCheckpoint, OneFileWinsOverAnIndex) {
+  auto c = tiny_llama();
+  const std::string sharded = saved_dir(c, 40'000), single = saved_dir(c);
+  EXPECT_GT(llama::hf_weight_files(sharded).size(), 1u);
+  write_file(sharded + "/model.safetensors", read_file(single + "/model.safetensors"));
+  EXPECT_EQ(llama::hf_weight_files(sharded + "/"), std::vector<std::string>{"model.safetensors"});
+  const auto want = reference_state(c);
+  run_local_ranks(1, [&](const ProcessGroupPtr& pg) {
+    auto model = sharded_model(c, pg, /*random_init=*/false);
+    llama::load_hf_weights(sharded, *model, pg);
+    expect_same_tensors(get_full_model_state_dict(*model, pg), want);
+  });
+  remove_all(sharded);
+  remove_all(single);
 }
 
 TEST(HfCheckpoint, TokenizerFilesAreCopied) {

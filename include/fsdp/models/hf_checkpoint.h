@@ -33,9 +33,10 @@
 
 namespace fsdp::models::llama {
 
-// The safetensors files of a Hugging Face directory: with model.safetensors.index.json the
-// files its weight_map names (each once, in order), else model.safetensors. CheckpointError
-// naming the directory when it has neither, or the index is malformed. Local.
+// The safetensors files of a Hugging Face directory, as transformers' from_pretrained picks
+// them: model.safetensors when present, else the files model.safetensors.index.json's
+// weight_map names (each once, in name order). CheckpointError naming the directory when it has
+// neither, or the index is malformed. Local.
 std::vector<std::string> hf_weight_files(const std::string& dir);
 
 // Collective. Sets every parameter of `model` (sharded by fully_shard or not) from the

@@ -61,6 +61,28 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   return map;
 }
 
+// The files to read and, when sharded, the index's weight_map (empty for one file). As
+// transformers' from_pretrained: model.safetensors when present, else the index.
+std::pair<std::map<std::string, std::string>, std::vector<std::string>> weight_layout(
+    const std::string& dir) {
+  if (fsdp::detail::path_exists(dir + "/" + detail::kSingleFile)) {
+    return {{}, {detail::kSingleFile}};
+  }
+  const std::string index_path = dir + "/" + detail::kIndexFile;
+  if (!fsdp::detail::path_exists(index_path)) {
+    throw CheckpointError(
+        fmt::format("{} holds neither {} nor {} (is it a Hugging Face model "
+                    "directory?)",
+                    dir, detail::kSingleFile, detail::kIndexFile));
+  }
+  auto weight_map = read_weight_map(index_path);
+  std::vector<std::string> files;
+  for (const auto& [name, file] : weight_map) {
+    if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
+  }
+  return {std::move(weight_map), std::move(files)};
+}
+
 // Old conversions stored the rotary frequencies; transformers ignores them when loading.
 bool ignored_entry(const std::string& name) {
   const std::string suffix = "rotary_emb.inv_freq";
@@ -78,22 +100,9 @@ std::map<std::string, Located> locate_tensors(const std::string& dir,
                                               std::vector<std::string>& problems,
                                               std::set<std::string>& unreadable) {
   std::map<std::string, Located> found;
-  const std::string index_path = dir + "/" + detail::kIndexFile;
-  std::map<std::string, std::string> weight_map;
-  std::vector<std::string> files;
-  if (fsdp::detail::path_exists(index_path)) {
-    weight_map = read_weight_map(index_path);
-    for (const auto& [name, file] : weight_map) {
-      if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
-    }
-  } else if (fsdp::detail::path_exists(dir + "/" + detail::kSingleFile)) {
-    files.push_back(detail::kSingleFile);
-  } else {
-    throw CheckpointError(
-        fmt::format("{} holds neither {} nor {} (is it a Hugging Face model "
-                    "directory?)",
-                    dir, detail::kSingleFile, detail::kIndexFile));
-  }
+  const auto layout = weight_layout(dir);
+  const auto& weight_map = layout.first;  // empty for one file
+  const auto& files = layout.second;
   for (const auto& file : files) {
     const std::string path = dir + "/" + file;
     auto mark_unreadable = [&] {
@@ -148,17 +157,7 @@ std::map<std::string, Located> locate_tensors(const std::string& dir,
 }  // namespace
 
 std::vector<std::string> hf_weight_files(const std::string& dir) {
-  const std::string index_path = dir + "/" + detail::kIndexFile;
-  if (fsdp::detail::path_exists(index_path)) {
-    std::vector<std::string> files;
-    for (const auto& [name, file] : read_weight_map(index_path)) {
-      if (std::find(files.begin(), files.end(), file) == files.end()) files.push_back(file);
-    }
-    return files;
-  }
-  if (fsdp::detail::path_exists(dir + "/" + detail::kSingleFile)) return {detail::kSingleFile};
-  throw CheckpointError(
-      fmt::format("{} holds neither {} nor {}", dir, detail::kSingleFile, detail::kIndexFile));
+  return weight_layout(detail::without_trailing_slash(dir)).second;
 }
 
 void load_hf_weights(const std::string& dir_in, torch::nn::Module& model,
