@@ -3,8 +3,10 @@
 // model's, and plans for Llama 3 8B and 70B.
 #include <gtest/gtest.h>
 
+#include "fsdp/comm/fake_group.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_plan.h"
+#include "fsdp/runtime/fully_shard.h"
 #include "fsdp/tools/memory.h"
 #include "fsdp/tools/planner.h"
 #include "models/llama_test_util.h"
@@ -25,6 +27,11 @@ struct LayerCase {
   int64_t hidden, heads, kv_heads, head_dim, intermediate, seq, batch;
   torch::ScalarType dtype;
 };
+
+void PrintTo(const LayerCase& c, std::ostream* os) {
+  *os << "hidden " << c.hidden << ", heads " << c.heads << "/" << c.kv_heads << ", head_dim "
+      << c.head_dim << ", " << c10::toString(c.dtype);
+}
 
 class LayerActivations : public ::testing::TestWithParam<LayerCase> {};
 
@@ -142,6 +149,37 @@ TEST(LlamaPlan, Llama3On8And64Ranks) {
     EXPECT_FALSE(text.empty());
     std::cout << preset << " on " << world << " ranks:\n" << text << "\n";
   }
+}
+
+// Start-up without the full model: sharding each layer as it is built (rank 0 of 8, the fake
+// group), the peak of live tensor bytes is the root's full parameters, one full layer and the
+// shards, not the model.
+TEST(LlamaPlan, ShardingAsBuiltNeverHoldsTheModel) {
+  llama::Config c = tiny_llama();
+  c.hidden_size = 256;
+  c.intermediate_size = 688;
+  c.num_hidden_layers = 8;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  const int world = 8;
+  auto pg = make_fake_group(/*rank=*/0, world);
+  const int64_t model_bytes = 4 * llama::parameter_count(c);
+  const int64_t root_bytes = 4 * (2 * c.vocab_size * c.hidden_size + c.hidden_size);
+  const int64_t layer_bytes = (model_bytes - root_bytes) / c.num_hidden_layers;
+  reset_host_tensor_peak();
+  const int64_t before = allocated();
+  llama::BuildOptions o;
+  o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) { fully_shard(layer, pg); };
+  auto model = llama::build_llama(c, o);
+  fully_shard(model, pg);
+  const int64_t peak = host_tensor_memory().peak - before;
+  const int64_t kept = allocated() - before;
+  std::cout << "model " << model_bytes << " B; start-up peak " << peak << " B, kept " << kept
+            << " B (rank 0 of " << world << ")\n";
+  // Rows of rank 0 (ceil of each dim 0 over 8), the layers' shards and the root's.
+  EXPECT_LE(kept, model_bytes / world * 11 / 10);
+  EXPECT_LE(peak, root_bytes + layer_bytes + model_bytes / world * 11 / 10);
+  EXPECT_LT(peak, model_bytes / 2);
 }
 
 }  // namespace

@@ -13,9 +13,10 @@
 // Token ids are checked against the vocabulary twice, so that a bad id never reaches the
 // embedding (where it would be an index error on the CPU and a device-side assert on a GPU):
 // - at open, a scan of the whole file (on by default): the failure comes before training, not
-//   hours into it. Cost: one sequential read of the file through the page cache and a
-//   compiler-vectorised max per 1M-token chunk, about the speed of reading the file (measured
-//   here: see LLAMA_NOTES.md); the pages are then advised away (MADV_DONTNEED: clean, file-backed).
+//   hours into it. Cost: one sequential read of the file and a compiler-vectorised max per
+//   1M-token chunk, the speed of reading the file: 1e9 uint16 tokens (2 GB) took 0.37 s from the
+//   page cache and 3.5 s from disk on a busy 2-core development machine. Each chunk is then
+//   dropped from the process's resident set (MADV_DONTNEED: clean, file-backed pages).
 // - in every batch, the ids copied are compared again (B x seq comparisons, nothing next to a
 //   forward), which also covers a file changed under the mapping after the scan.
 #pragma once
