@@ -1,0 +1,195 @@
+// Llama: Hugging Face's LlamaForCausalLM in libtorch, op for op (transformers 5.24,
+// models/llama/modeling_llama.py), with its parameter names, so that weights move between the
+// two programs (and MLX, llama.cpp's converter) as they are. Mistral and Qwen2 too, where
+// their math is Llama's (llama_config.h says which configs).
+//
+//   token embedding -> decoder layers -> final RMSNorm -> lm_head (tied or not)
+//   decoder layer: x + attention(RMSNorm(x)), then h + mlp(RMSNorm(h))
+//   attention: q, k, v projections, rotary embeddings (rope_theta, transformers' rotate-half
+//     layout, inverse frequencies and cos/sin computed in fp32, cast to the compute dtype),
+//     at::scaled_dot_product_attention(causal, scale head_size^-0.5, enable_gqa when there
+//     are fewer key/value heads), o projection
+//   mlp: down(silu(gate(x)) * up(x))
+//   RMSNorm: in fp32, x * rsqrt(mean(x^2) + eps), back to the input dtype, times the weight
+//
+// Parameter names are transformers': model.embed_tokens.weight,
+// model.layers.{i}.self_attn.{q,k,v,o}_proj.{weight,bias}, model.layers.{i}.mlp.{gate,up,down}
+// _proj.{weight,bias}, model.layers.{i}.{input,post_attention}_layernorm.weight,
+// model.norm.weight, lm_head.weight; in transformers' order. A tied head is one tensor under two
+// names (model.embed_tokens.weight first), as MiniLLM's. The model registers no buffers (the
+// rotary frequencies are computed in each forward: a few kilobytes of work), so its state dict
+// is exactly the parameters a Hugging Face directory holds.
+//
+// FSDP: each decoder layer is an fsdp::Unit<DecoderLayer>; shard every layer, then the root
+// (whose own parameters are the embedding, the final norm and the head). The LayerBuilt
+// callback runs right after each layer is built, so a caller that shards there never holds
+// more than one full layer plus the root's parameters (start-up without the full model).
+//
+// Why an installed library target (fsdp::models) rather than an example: the model is an API
+// that more than one program uses (the Llama trainer, the tests against transformers, the
+// planner's units, a user's own training or inference program), and its contract is the
+// Hugging Face format, which must not drift between copies. An example is one program a user
+// reads and copies; a model with checkpoint I/O that must stay bit-compatible with
+// transformers belongs where it is built once, tested once and linked (find_package(fsdp),
+// fsdp::models), like MiniLLM.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/models/llama_config.h"
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp::models::llama {
+
+struct BuildOptions;  // below: dtype, random init, the LayerBuilt callback
+
+// nn.Linear's parameters (weight [out, in], optional bias [out]) without its initialisation:
+// the model initialises every tensor itself (HF's _init_weights), or not at all before a load.
+class LinearImpl : public torch::nn::Module {
+ public:
+  // Weight normal(0, std) (see BuildOptions::random_init), bias zero.
+  LinearImpl(int64_t in, int64_t out, bool bias, double std, const BuildOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;  // bias undefined without one
+};
+TORCH_MODULE(Linear);
+
+// nn.Embedding(vocab, hidden, padding_idx): weight [vocab, hidden]; the padding row (when the
+// config names a pad_token_id) gets no gradient, as in transformers.
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t vocab, int64_t dim, std::optional<int64_t> padding_idx, double std,
+                const BuildOptions& options);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  torch::Tensor weight;
+
+ private:
+  int64_t padding_idx_;  // -1: none
+};
+TORCH_MODULE(Embedding);
+
+// LlamaRMSNorm: fp32 compute, weight * normalised.to(input dtype).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, const BuildOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+// cos and sin of the rotary embedding for positions 0..seq-1: [1, seq, head_size], computed in
+// fp32 as LlamaRotaryEmbedding does, then cast to `dtype`.
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& config, int64_t seq,
+                                                       torch::ScalarType dtype,
+                                                       torch::Device device);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const Config& config, const BuildOptions& options);
+  // x [batch, seq, hidden]; cos, sin [1, seq, head_size] -> [batch, seq, hidden].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_size_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  MLPImpl(const Config& config, const BuildOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const Config& config, const BuildOptions& options);
+  // x [batch, seq, hidden]; cos, sin from rotary_cos_sin in x's dtype.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// Runs right after layer `index` is built and initialised, before the next: fully_shard it
+// here. Random numbers are drawn in construction order either way, so a model sharded as it is
+// built starts from the same values as the unsharded model of the same seed.
+using LayerBuilt = std::function<void(int64_t index, fsdp::Unit<DecoderLayer>& layer)>;
+
+struct BuildOptions {
+  torch::ScalarType dtype = torch::kFloat;  // the parameters' dtype
+  // HF's init from torch's generator: every weight normal(0, initializer_range) drawn in fp32
+  // (then cast), norm weights one, biases zero, the padding row of the embedding zero. Off:
+  // parameters are left uninitialised (torch::empty), for a load that overwrites them all.
+  bool random_init = true;
+  LayerBuilt on_layer_built;
+};
+
+// LlamaModel: the child "model" of the root.
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LlamaModelImpl(const Config& config, const BuildOptions& options);
+  // tokens [batch, seq] int64 -> the final norm's output [batch, seq, hidden].
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  Embedding embed_tokens{nullptr};
+  // The layers, registered as the children "0", "1", ... of a ModuleList named "layers".
+  std::vector<fsdp::Unit<DecoderLayer>> layers;
+  RMSNorm norm{nullptr};
+
+ private:
+  Config config_;
+};
+TORCH_MODULE(LlamaModel);
+
+// LlamaForCausalLM: the root. Forward: tokens [batch, seq] int64 -> logits [batch, seq,
+// vocab] in the compute dtype (callers cast to fp32 for the loss, as transformers does).
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLMImpl(const Config& config, const BuildOptions& options = {});
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  const Config& config() const { return config_; }
+  LlamaModel model{nullptr};
+  // Untied: a Linear [vocab, hidden]. Tied: null, and "lm_head" is a parameterless module
+  // holding the embedding's tensor as its "weight".
+  Linear lm_head{nullptr};
+  std::shared_ptr<torch::nn::Module> tied_head;
+
+ private:
+  Config config_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Builds the model (validate(config) first: InvalidArgument for a config it cannot build).
+LlamaForCausalLM build_llama(const Config& config, const BuildOptions& options = {});
+inline LlamaForCausalLM build_llama(const Config& config, const LayerBuilt& on_layer_built) {
+  BuildOptions options;
+  options.on_layer_built = on_layer_built;
+  return build_llama(config, options);
+}
+
+// The tensors of a Hugging Face directory of this config, in transformers' order, with their
+// shapes: what save_hf_checkpoint writes and load_hf_weights expects (no lm_head.weight when
+// tied). Without building the model.
+std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const Config& config);
+std::vector<std::string> parameter_names(const Config& config);
+// Parameters of the model, each tensor once (a tied head adds none).
+int64_t parameter_count(const Config& config);
+// Training FLOPs per token: 6 x the matmul parameters (the head included, tied or not) plus
+// attention's scores and weighted sum, 12 x layers x q_size x seq (PaLM, appendix B).
+double train_flops_per_token(const Config& config, int64_t seq);
+
+}  // namespace fsdp::models::llama

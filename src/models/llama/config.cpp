@@ -1,0 +1,386 @@
+// config.json in and out (llama_config.h).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fsdp/errors.h"
+#include "fsdp/models/llama_config.h"
+#include "util/check.h"
+
+namespace fsdp::models::llama {
+namespace {
+
+using nlohmann::json;
+
+// Reads fields of one config.json, naming the file and the field in every message.
+class Fields {
+ public:
+  Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  bool contains(const char* key) const { return j_.contains(key); }
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  const json& at(const char* key) const { return j_.at(key); }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InvalidArgument(fmt::format("{}: {}", source_, what));
+  }
+  void require(const char* key) const {
+    if (!has(key)) fail(fmt::format("no \"{}\" (required)", key));
+  }
+  int64_t integer(const char* key, int64_t fallback) const {
+    if (!has(key)) return fallback;
+    return as_integer(at(key), key);
+  }
+  int64_t as_integer(const json& v, const std::string& key) const {
+    if (!v.is_number_integer())
+      fail(fmt::format("\"{}\" is {}, expected an integer", key, v.dump()));
+    return v.get<int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_number())
+      fail(fmt::format("\"{}\" is {}, expected a number", key, at(key).dump()));
+    return at(key).get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_boolean())
+      fail(fmt::format("\"{}\" is {}, expected true or false", key, at(key).dump()));
+    return at(key).get<bool>();
+  }
+  std::string string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!at(key).is_string())
+      fail(fmt::format("\"{}\" is {}, expected a string", key, at(key).dump()));
+    return at(key).get<std::string>();
+  }
+  std::optional<int64_t> token_id(const char* key, std::optional<int64_t> fallback) const {
+    if (!j_.contains(key)) return fallback;
+    if (at(key).is_null()) return std::nullopt;
+    return as_integer(at(key), key);
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+// Transformers' defaults for the fields whose defaults differ between the accepted types.
+struct TypeDefaults {
+  int64_t max_position_embeddings;
+  std::optional<int64_t> bos, eos;
+};
+TypeDefaults defaults_of(const std::string& model_type) {
+  if (model_type == "mistral") return {131072, 1, 2};
+  if (model_type == "qwen2") return {32768, std::nullopt, std::nullopt};
+  return {2048, 1, 2};
+}
+
+// rope_scaling (transformers 4) and rope_parameters (5): only the default rotary embedding is
+// implemented; any other type rescales the frequencies.
+void check_rope(const Fields& f, const char* key, Config& c) {
+  if (!f.has(key)) return;
+  const json& rope = f.at(key);
+  if (!rope.is_object()) f.fail(fmt::format("\"{}\" is {}, expected an object", key, rope.dump()));
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (rope.contains(type_key) && !rope[type_key].is_null() && rope[type_key] != json("default")) {
+      f.fail(
+          fmt::format("\"{}\": rope type {} is not implemented (only \"default\": no RoPE "
+                      "scaling)",
+                      key, rope[type_key].dump()));
+    }
+  }
+  if (rope.contains("partial_rotary_factor") && rope["partial_rotary_factor"] != json(1.0)) {
+    f.fail(fmt::format("\"{}\": partial_rotary_factor {} is not implemented (only 1)", key,
+                       rope["partial_rotary_factor"].dump()));
+  }
+  if (rope.contains("rope_theta")) {
+    if (!rope["rope_theta"].is_number()) {
+      f.fail(fmt::format("\"{}.rope_theta\" is {}, expected a number", key,
+                         rope["rope_theta"].dump()));
+    }
+    c.rope_theta = rope["rope_theta"].get<double>();
+  }
+}
+
+// Sliding-window attention changes the causal mask; accepted only where no layer uses it.
+void check_sliding_window(const Fields& f, const Config& c) {
+  if (c.model_type == "qwen2") {
+    if (f.has("layer_types")) {
+      const json& types = f.at("layer_types");
+      if (!types.is_array()) f.fail("\"layer_types\" is not a list");
+      for (size_t i = 0; i < types.size(); ++i) {
+        if (types[i] != json("full_attention")) {
+          f.fail(
+              fmt::format("\"layer_types\"[{}] is {}: sliding-window attention is not "
+                          "implemented (only \"full_attention\")",
+                          i, types[i].dump()));
+        }
+      }
+    } else if (f.boolean("use_sliding_window", false)) {
+      f.fail("\"use_sliding_window\" is true: sliding-window attention is not implemented");
+    }
+    return;
+  }
+  // MistralConfig's default is a window of 4096: only an explicit null means none.
+  const bool mistral_default = c.model_type == "mistral" && !f.contains("sliding_window");
+  if (f.has("sliding_window") || mistral_default) {
+    f.fail(
+        fmt::format("\"sliding_window\" is {}: sliding-window attention is not implemented "
+                    "(only null)",
+                    f.has("sliding_window") ? f.at("sliding_window").dump()
+                                            : "absent (mistral's default 4096)"));
+  }
+}
+
+const char* const kModelTypes[] = {"llama", "mistral", "qwen2"};
+
+bool known_model_type(const std::string& t) {
+  for (const char* k : kModelTypes) {
+    if (t == k) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int64_t Config::head_size() const {
+  return head_dim > 0 ? head_dim : num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+}
+
+std::string Config::architecture() const {
+  if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+void validate(const Config& c) {
+  FSDP_CHECK_ARG(known_model_type(c.model_type),
+                 "llama config: model_type \"{}\" is not implemented (accepted: llama, mistral, "
+                 "qwen2: the architectures whose math is Llama's)",
+                 c.model_type);
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.intermediate_size},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"max_position_embeddings", c.max_position_embeddings}};
+  for (const auto& [name, value] : sizes) {
+    // No layers is a valid (if useless) model: the embedding, the final norm and the head.
+    const int64_t least = std::string(name) == "num_hidden_layers" ? 0 : 1;
+    FSDP_CHECK_ARG(value >= least, "llama config: {} is {}, expected at least {}", name, value,
+                   least);
+  }
+  FSDP_CHECK_ARG(c.head_dim >= 0, "llama config: head_dim is {}, expected a positive size",
+                 c.head_dim);
+  FSDP_CHECK_ARG(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
+                 "llama config: hidden_size {} does not divide by num_attention_heads {} (and no "
+                 "head_dim is given)",
+                 c.hidden_size, c.num_attention_heads);
+  FSDP_CHECK_ARG(c.num_attention_heads % c.num_key_value_heads == 0,
+                 "llama config: num_attention_heads {} does not divide by num_key_value_heads {} "
+                 "(each key/value head serves a whole group of query heads)",
+                 c.num_attention_heads, c.num_key_value_heads);
+  FSDP_CHECK_ARG(c.head_size() % 2 == 0,
+                 "llama config: the head size {} is odd; rotary embeddings rotate pairs",
+                 c.head_size());
+  FSDP_CHECK_ARG(c.hidden_act == "silu",
+                 "llama config: hidden_act \"{}\" is not implemented (only \"silu\")",
+                 c.hidden_act);
+  FSDP_CHECK_ARG(c.rms_norm_eps > 0, "llama config: rms_norm_eps is {}, expected > 0",
+                 c.rms_norm_eps);
+  FSDP_CHECK_ARG(c.rope_theta > 0, "llama config: rope_theta is {}, expected > 0", c.rope_theta);
+  FSDP_CHECK_ARG(c.initializer_range >= 0, "llama config: initializer_range is {}, expected >= 0",
+                 c.initializer_range);
+  FSDP_CHECK_ARG(c.model_type != "mistral" || (!c.attention_bias && !c.mlp_bias),
+                 "llama config: mistral has no attention or MLP biases");
+  FSDP_CHECK_ARG(c.model_type != "qwen2" || !c.mlp_bias, "llama config: qwen2 has no MLP bias");
+  auto check_token = [&](const char* name, int64_t id) {
+    FSDP_CHECK_ARG(0 <= id && id < c.vocab_size,
+                   "llama config: {} {} is outside the vocabulary of {} tokens", name, id,
+                   c.vocab_size);
+  };
+  if (c.bos_token_id) check_token("bos_token_id", *c.bos_token_id);
+  for (auto id : c.eos_token_ids) check_token("eos_token_id", id);
+  if (c.pad_token_id) check_token("pad_token_id", *c.pad_token_id);
+}
+
+Config from_hf_json(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw FormatError(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
+  if (!j.is_object()) throw FormatError(fmt::format("{}: not a JSON object", source));
+  Fields f(j, source);
+  Config c;
+  c.model_type = f.string("model_type", "");
+  if (!known_model_type(c.model_type)) {
+    f.fail(
+        fmt::format("model_type {} is not implemented (accepted: llama, mistral, qwen2: the "
+                    "architectures whose math is Llama's)",
+                    f.has("model_type") ? f.at("model_type").dump() : "absent"));
+  }
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads"}) {
+    f.require(key);
+  }
+  if (c.model_type != "llama") f.require("num_key_value_heads");
+  const auto d = defaults_of(c.model_type);
+  c.vocab_size = f.integer("vocab_size", 0);
+  c.hidden_size = f.integer("hidden_size", 0);
+  c.intermediate_size = f.integer("intermediate_size", 0);
+  c.num_hidden_layers = f.integer("num_hidden_layers", 0);
+  c.num_attention_heads = f.integer("num_attention_heads", 0);
+  c.num_key_value_heads = f.integer("num_key_value_heads", c.num_attention_heads);
+  c.head_dim = f.integer("head_dim", 0);
+  if (f.has("head_dim") && c.head_dim <= 0) {
+    f.fail(fmt::format("\"head_dim\" is {}, expected a positive size", c.head_dim));
+  }
+  c.max_position_embeddings = f.integer("max_position_embeddings", d.max_position_embeddings);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  check_rope(f, "rope_scaling", c);
+  check_rope(f, "rope_parameters", c);  // transformers 5's, read last: it wins
+  check_sliding_window(f, c);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.attention_bias = f.boolean("attention_bias", false);
+  c.mlp_bias = f.boolean("mlp_bias", false);
+  c.bos_token_id = f.token_id("bos_token_id", d.bos);
+  c.eos_token_ids.clear();
+  if (f.has("eos_token_id") && f.at("eos_token_id").is_array()) {
+    for (const auto& v : f.at("eos_token_id"))
+      c.eos_token_ids.push_back(f.as_integer(v, "eos_token_id"));
+  } else if (auto eos = f.token_id("eos_token_id", d.eos)) {
+    c.eos_token_ids.push_back(*eos);
+  }
+  c.pad_token_id = f.token_id("pad_token_id", std::nullopt);
+  c.initializer_range = f.number("initializer_range", 0.02);
+  c.hidden_act = f.string("hidden_act", "silu");
+  c.dtype = f.string("dtype", f.string("torch_dtype", "float32"));
+  if (f.number("attention_dropout", 0.0) != 0.0) {
+    f.fail(
+        fmt::format("\"attention_dropout\" is {}: attention dropout is not implemented "
+                    "(only 0)",
+                    f.at("attention_dropout").dump()));
+  }
+  if (f.integer("pretraining_tp", 1) > 1) {
+    f.fail(
+        fmt::format("\"pretraining_tp\" is {}: projections computed in slices are not "
+                    "implemented (only 1)",
+                    f.at("pretraining_tp").dump()));
+  }
+  if (c.hidden_act != "silu") {
+    f.fail(fmt::format("\"hidden_act\" is \"{}\": only \"silu\" is implemented", c.hidden_act));
+  }
+  try {
+    validate(c);
+  } catch (const InvalidArgument& e) {
+    f.fail(e.what());
+  }
+  return c;
+}
+
+Config read_hf_config(const std::string& path) {
+  std::string file = path;
+  {
+    std::ifstream probe(path + "/config.json");
+    if (probe) file = path + "/config.json";
+  }
+  std::ifstream in(file);
+  FSDP_CHECK_ARG(static_cast<bool>(in), "cannot read the model config {}", file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_hf_json(text.str(), file);
+}
+
+std::string to_hf_json(const Config& c) {
+  validate(c);
+  json j;  // an std::map underneath: keys sorted, as transformers writes them
+  j["architectures"] = {c.architecture()};
+  j["attention_bias"] = c.attention_bias;
+  j["attention_dropout"] = 0.0;
+  j["bos_token_id"] = c.bos_token_id ? json(*c.bos_token_id) : json(nullptr);
+  j["dtype"] = c.dtype;
+  j["eos_token_id"] = c.eos_token_ids.empty()       ? json(nullptr)
+                      : c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0])
+                                                    : json(c.eos_token_ids);
+  j["head_dim"] = c.head_size();
+  j["hidden_act"] = c.hidden_act;
+  j["hidden_size"] = c.hidden_size;
+  j["initializer_range"] = c.initializer_range;
+  j["intermediate_size"] = c.intermediate_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["mlp_bias"] = c.mlp_bias;
+  j["model_type"] = c.model_type;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
+  j["pretraining_tp"] = 1;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_parameters"] = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["use_cache"] = true;
+  j["vocab_size"] = c.vocab_size;
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
+  if (c.model_type == "qwen2") {
+    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = false;
+    j["max_window_layers"] = c.num_hidden_layers;
+    j["layer_types"] = std::vector<std::string>(c.num_hidden_layers, "full_attention");
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string to_generation_json(const Config& c) {
+  json j;
+  j["_from_model_config"] = true;
+  j["bos_token_id"] = c.bos_token_id ? json(*c.bos_token_id) : json(nullptr);
+  j["eos_token_id"] = c.eos_token_ids.empty()       ? json(nullptr)
+                      : c.eos_token_ids.size() == 1 ? json(c.eos_token_ids[0])
+                                                    : json(c.eos_token_ids);
+  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+  return j.dump(2) + "\n";
+}
+
+std::optional<Config> preset_config(const std::string& name) {
+  Config c;
+  c.dtype = "bfloat16";
+  c.rms_norm_eps = 1e-5;
+  if (name == "llama2-7b") {  // meta-llama/Llama-2-7b-hf
+    c.max_position_embeddings = 4096;
+    c.dtype = "float16";
+    return c;
+  }
+  if (name == "llama3-8b" || name == "llama3-70b") {  // meta-llama/Meta-Llama-3-{8B,70B}
+    c.vocab_size = 128256;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+    c.bos_token_id = 128000;
+    c.eos_token_ids = {128001};
+    if (name == "llama3-8b") {
+      c.intermediate_size = 14336;
+    } else {
+      c.hidden_size = 8192;
+      c.intermediate_size = 28672;
+      c.num_hidden_layers = 80;
+      c.num_attention_heads = 64;
+    }
+    return c;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> preset_names() { return {"llama2-7b", "llama3-8b", "llama3-70b"}; }
+
+}  // namespace fsdp::models::llama

@@ -1,0 +1,290 @@
+// A (sharded) model out as a Hugging Face directory: save_hf_checkpoint.
+//
+// Phases, each ending in an agreement (checkpoint/agreement.h) so that every rank throws the
+// same error and none waits in a gather that another rank never reaches:
+// (1) every rank checks the model against the config; rank 0 checks the destination and the
+//     tokenizer files, plans the files from the global shapes and creates the temporary
+//     directory;
+// (2) every rank joins the gathers of for_each_full_tensor; rank 0 writes each tensor as it
+//     arrives (a write error stops the writing, never the gathers);
+// (3) rank 0 writes the index, config.json, generation_config.json, copies the tokenizer files,
+//     fsyncs and renames the directory into place, or removes it on any error.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint/agreement.h"
+#include "checkpoint/posix_files.h"
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/state_dict.h"
+#include "fsdp/io/safetensors.h"
+#include "fsdp/models/hf_checkpoint.h"
+#include "models/llama/hf_files.h"
+#include "util/check.h"
+
+namespace fsdp::models::llama {
+namespace {
+
+struct PlannedFile {
+  std::string name;
+  std::vector<SafetensorsWriter::Spec> specs;
+};
+
+const char* dtype_config_name(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "bfloat16" : t == torch::kHalf ? "float16" : "float32";
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// The model's tensors must be the config's, so that config.json describes the files.
+void check_model_matches(const ShardedStateDict& state, const Config& config) {
+  std::map<std::string, std::vector<int64_t>> want;
+  for (auto& [name, shape] : parameter_shapes(config)) want[name] = shape;
+  std::vector<std::string> problems;
+  std::set<std::string> seen;
+  for (const auto& [name, s] : state) {
+    seen.insert(name);
+    auto it = want.find(name);
+    if (it == want.end()) {
+      problems.push_back(fmt::format("'{}' is not a tensor of this config", name));
+    } else if (it->second != s.global_shape) {
+      problems.push_back(fmt::format("'{}' is {}, the config's is {}", name,
+                                     shape_string(s.global_shape), shape_string(it->second)));
+    }
+  }
+  for (const auto& [name, shape] : want) {
+    if (!seen.count(name)) problems.push_back(fmt::format("the model has no '{}'", name));
+  }
+  if (!problems.empty()) {
+    throw CheckpointError(fmt::format("the model does not match the config ({}): {}",
+                                      config.architecture(), fmt::join(problems, "; ")));
+  }
+}
+
+// transformers' sharding (huggingface_hub's split_state_dict_into_shards): tensors in order,
+// a new file when the next tensor would pass the limit; a tensor above the limit alone.
+std::vector<PlannedFile> plan_files(const ShardedStateDict& state, torch::ScalarType dtype,
+                                    int64_t max_bytes) {
+  std::vector<std::vector<SafetensorsWriter::Spec>> groups;
+  std::vector<SafetensorsWriter::Spec> current;
+  int64_t current_bytes = 0;
+  for (const auto& [name, s] : state) {
+    const int64_t bytes = numel_of(s.global_shape) * static_cast<int64_t>(c10::elementSize(dtype));
+    if (bytes > max_bytes || (current_bytes + bytes > max_bytes && !current.empty())) {
+      if (!current.empty()) groups.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back({name, dtype, s.global_shape});
+    current_bytes += bytes;
+  }
+  if (!current.empty()) groups.push_back(std::move(current));
+  std::vector<PlannedFile> files;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::string name = groups.size() == 1 ? std::string(detail::kSingleFile)
+                                          : fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1,
+                                                        groups.size());
+    files.push_back({std::move(name), std::move(groups[i])});
+  }
+  return files;
+}
+
+// (source path, name in the directory) of each tokenizer file to copy.
+std::vector<std::pair<std::string, std::string>> tokenizer_copies(
+    const std::vector<std::string>& given) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> names;
+  auto add = [&](const std::string& from, const std::string& name) {
+    if (!names.insert(name).second) {
+      throw CheckpointError(fmt::format("tokenizer file {} is given twice", name));
+    }
+    out.emplace_back(from, name);
+  };
+  for (const auto& path : given) {
+    if (fsdp::detail::is_directory(path)) {
+      size_t before = out.size();
+      for (const auto& name : tokenizer_file_names()) {
+        if (fsdp::detail::path_exists(path + "/" + name)) add(path + "/" + name, name);
+      }
+      if (out.size() == before) {
+        throw CheckpointError(fmt::format("tokenizer directory {} holds none of {}", path,
+                                          fmt::join(tokenizer_file_names(), ", ")));
+      }
+    } else if (fsdp::detail::path_exists(path)) {
+      const auto slash = path.find_last_of('/');
+      add(path, slash == std::string::npos ? path : path.substr(slash + 1));
+    } else {
+      throw CheckpointError(fmt::format("tokenizer file {} does not exist", path));
+    }
+  }
+  return out;
+}
+
+std::string index_json(const std::vector<PlannedFile>& files, torch::ScalarType dtype) {
+  nlohmann::json map = nlohmann::json::object();
+  int64_t parameters = 0;
+  for (const auto& f : files) {
+    for (const auto& s : f.specs) {
+      map[s.name] = f.name;
+      parameters += numel_of(s.shape);
+    }
+  }
+  nlohmann::json j;
+  j["metadata"] = {{"total_parameters", parameters},
+                   {"total_size", parameters * static_cast<int64_t>(c10::elementSize(dtype))}};
+  j["weight_map"] = map;
+  return j.dump(2) + "\n";
+}
+
+std::string temporary_name(const std::string& dir) {
+  static std::atomic<int> counter{0};
+  return fmt::format("{}.tmp-{}-{}", dir, ::getpid(), counter++);
+}
+
+}  // namespace
+
+const std::vector<std::string>& tokenizer_file_names() {
+  static const std::vector<std::string> names = {"tokenizer.model", "tokenizer.json",
+                                                 "tokenizer_config.json", "special_tokens_map.json",
+                                                 "added_tokens.json"};
+  return names;
+}
+
+void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& model,
+                        const Config& config, const ProcessGroupPtr& world,
+                        const HfSaveOptions& options) {
+  FSDP_CHECK_ARG(world != nullptr, "save_hf_checkpoint: the process group is null");
+  const std::string dir = detail::without_trailing_slash(dir_in);
+  const std::string what = fmt::format("save_hf_checkpoint {}", dir);
+  const bool writer = world->rank() == 0;
+  std::vector<PlannedFile> files;
+  std::vector<std::pair<std::string, std::string>> copies;
+  std::string tmp, error;
+
+  // (1) Checks and the plan.
+  try {
+    if (dir.empty()) throw CheckpointError("the directory name is empty");
+    const auto t = options.dtype;
+    if (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf) {
+      throw CheckpointError(
+          fmt::format("dtype {} is not one of float32, bfloat16, float16", c10::toString(t)));
+    }
+    if (options.max_shard_bytes <= 0) {
+      throw CheckpointError(
+          fmt::format("max_shard_bytes is {}, expected > 0", options.max_shard_bytes));
+    }
+    validate(config);
+    auto state = get_model_state_dict(model);  // names and global shapes: no communication
+    check_model_matches(state, config);
+    if (writer) {
+      if (fsdp::detail::path_exists(dir) &&
+          (!fsdp::detail::is_directory(dir) || !fsdp::detail::list_directory(dir).empty())) {
+        throw CheckpointError(fmt::format(
+            "{} exists and is not an empty directory: nothing a user saved is overwritten", dir));
+      }
+      copies = tokenizer_copies(options.tokenizer_files);
+      files = plan_files(state, options.dtype, options.max_shard_bytes);
+      fsdp::detail::make_directories(detail::parent_directory(dir));
+      tmp = temporary_name(dir);
+      fsdp::detail::remove_tree(tmp);
+      fsdp::detail::make_directories(tmp);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  fsdp::detail::agree_or_throw(*world, what, error);
+
+  // (2) One full tensor at a time, written by rank 0 as it arrives.
+  size_t file = 0, next = 0;
+  std::unique_ptr<SafetensorsWriter> out;
+  FullStateDictOptions gather;
+  gather.rank0_only = true;
+  gather.cpu_offload = true;
+  gather.dtype = options.dtype;
+  try {
+    for_each_full_tensor(model, world, gather, [&](const std::string& name, const at::Tensor& t) {
+      if (!error.empty()) return;  // keep joining the gathers; write nothing more
+      try {
+        const auto& planned = files.at(file);
+        if (planned.specs.at(next).name != name) {
+          throw CheckpointError(fmt::format("tensor '{}' arrived where '{}' was planned", name,
+                                            planned.specs[next].name));
+        }
+        if (!out) {
+          out = std::make_unique<SafetensorsWriter>(
+              tmp + "/" + planned.name, planned.specs,
+              std::map<std::string, std::string>{{"format", "pt"}});
+        }
+        out->write_next(t);
+        if (++next == planned.specs.size()) {
+          out->finish();
+          out.reset();
+          detail::fsync_path(tmp + "/" + planned.name);
+          ++file;
+          next = 0;
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  } catch (...) {
+    // A failed gather (a communication error): nothing to agree on; leave nothing behind.
+    if (writer && !tmp.empty()) {
+      try {
+        out.reset();
+        fsdp::detail::remove_tree(tmp);
+      } catch (const std::exception&) {
+        // The gather's error is the one to report.
+      }
+    }
+    throw;
+  }
+
+  // (3) The small files, then the directory into place.
+  if (writer) {
+    try {
+      if (error.empty()) {
+        if (file != files.size()) {
+          throw CheckpointError(fmt::format("{} of {} files written", file, files.size()));
+        }
+        if (files.size() > 1) {
+          detail::write_text_file(tmp + "/" + detail::kIndexFile, index_json(files, options.dtype));
+        }
+        Config written = config;
+        written.dtype = dtype_config_name(options.dtype);
+        detail::write_text_file(tmp + "/config.json", to_hf_json(written));
+        detail::write_text_file(tmp + "/generation_config.json", to_generation_json(config));
+        for (const auto& [from, name] : copies) detail::copy_file(from, tmp + "/" + name);
+        detail::fsync_path(tmp);
+        fsdp::detail::rename_path(tmp, dir);
+        detail::fsync_path(detail::parent_directory(dir));
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (!error.empty()) {
+      try {
+        out.reset();
+        fsdp::detail::remove_tree(tmp);
+      } catch (const std::exception& e) {
+        error += fmt::format(" (and removing {} failed: {})", tmp, e.what());
+      }
+    }
+  }
+  fsdp::detail::agree_or_throw(*world, what, error);
+}
+
+}  // namespace fsdp::models::llama
