@@ -38,7 +38,7 @@ import hf_llama  # noqa: E402
 
 # GQA (4 query heads over 2 KV heads); vocab 1001 makes uneven shards at every world size.
 SIZES = dict(vocab=1001, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160)
-SEQ, GLOBAL_BATCH = 32, 8
+SEQ = 32
 TOLERANCE = {"losses": 1e-5, "logits": 1e-5}
 
 
@@ -96,7 +96,7 @@ def launch(a, program):
 
 def check_losses(a, tmp, hf_dir, train, val, env):
     common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}",
-              f"--batch={GLOBAL_BATCH}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
+              f"--batch={a.batch}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
               f"--lr-schedule={a.lr_schedule}", f"--weight-decay={a.weight_decay}", f"--seed={a.seed}"]
     ref_metrics = os.path.join(tmp, "reference.jsonl")
     ref_mode = a.ref_mode or ("local" if a.ref_world == 1 else "fsdp2")
@@ -192,6 +192,7 @@ def main():
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=8, help="the global batch (sequences per step)")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine")
@@ -210,12 +211,12 @@ def main():
     p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
                    help="mpiexec and its flags (last option)")
     a = p.parse_args()
-    if a.world < 1 or GLOBAL_BATCH % a.world:
-        p.error(f"--world must divide the global batch {GLOBAL_BATCH}")
+    if a.world < 1 or a.batch % a.world:
+        p.error(f"--world must divide the global batch {a.batch} (--batch)")
     if a.ref_world is None:
         a.ref_world = 1 if a.cpp_standin else a.world
-    if GLOBAL_BATCH % a.ref_world:
-        p.error(f"--ref-world must divide the global batch {GLOBAL_BATCH}")
+    if a.batch % a.ref_world:
+        p.error(f"--ref-world must divide the global batch {a.batch} (--batch)")
     if a.standin_mode == "local" and a.world != 1:
         p.error("--standin-mode local needs --world 1")
     if a.cpp and not os.path.isfile(a.cpp):

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# train_llama end to end at world 2 (mpiexec), against the outside programs: a tiny Llama saved by
+# transformers is fine-tuned on token files, validated and exported; transformers and MLX load
+# the export and give the trainer's validation loss (1e-5, 1e-4); --eval-only at world 1 on the
+# export gives it again. Then bad input, each a clear error and a non-zero exit with nothing
+# written: a missing and a corrupted weight file, a config that does not match the weights, an
+# unsupported rope_scaling, a token id beyond the vocabulary, a truncated token file, an
+# existing export directory.
+#   llama_trainer.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
+set -uo pipefail
+bin="$1"; py="$2"; shift 2
+mpiexec=("$@")
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ref="$root/tests/reference"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fail=0
+
+# A tiny GQA model (vocab 1001: uneven shards at world 2), and token files of a random walk
+# over the vocabulary (learnable: the loss falls).
+"$py" "$ref/hf_llama.py" make-tiny --out "$tmp/model" --vocab 1001 --hidden 64 --layers 2 \
+  --heads 4 --kv-heads 2 --intermediate 160 --seed 7 > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; exit 1; }
+"$py" - "$tmp" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(3)
+walk = np.cumsum(rng.integers(1, 4, 12000)) % 1001
+walk[:10000].astype("<u2").tofile(f"{sys.argv[1]}/train.bin")
+walk[10000:].astype("<u2").tofile(f"{sys.argv[1]}/val.bin")
+PY
+
+run=("$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --val-tokens "$tmp/val.bin"
+     --seq 32 --batch 8 --steps 6 --lr 3e-3 --warmup 2 --threads 1 --eval-every 3)
+"${mpiexec[@]}" -n 2 "${run[@]}" --export-hf "$tmp/export" --metrics-out "$tmp/m.jsonl" \
+  > "$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
+grep -E "^validation|^exported" "$tmp/train.log"
+val=$("$py" -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$tmp/m.jsonl")
+evals=$(grep -c val_loss "$tmp/m.jsonl")
+[ "$evals" -eq 2 ] || { echo "FAILED: expected 2 validations (step 3 and the last), got $evals"; fail=1; }
+"$py" "$ref/llama_export_check.py" --hf-dir "$tmp/export" --val-tokens "$tmp/val.bin" --seq 32 \
+  --expect "$val" || fail=1
+"$bin" --hf-dir "$tmp/export" --val-tokens "$tmp/val.bin" --seq 32 --eval-only --threads 1 \
+  > "$tmp/eval.log" 2>&1 || { cat "$tmp/eval.log"; fail=1; }
+again=$(sed -n 's/.*val_loss \([0-9.e+-]*\).*/\1/p' "$tmp/eval.log")
+"$py" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-6 * abs(b) else 1)" \
+  "$again" "$val" || { echo "FAILED: --eval-only on the export gave $again, training said $val"; fail=1; }
+
+# expect_error LABEL NEEDLE COMMAND...: a non-zero exit whose output contains NEEDLE.
+expect_error() {
+  local label="$1" needle="$2"; shift 2
+  if "$@" > "$tmp/err.log" 2>&1; then
+    echo "FAILED: $label: exit 0"; fail=1; return
+  fi
+  if ! grep -qF -- "$needle" "$tmp/err.log"; then
+    echo "FAILED: $label: the message lacks '$needle':"; cat "$tmp/err.log"; fail=1; return
+  fi
+  echo "$label: refused ($(grep -F -- "$needle" "$tmp/err.log" | head -1 | cut -c1-150))"
+}
+small=(--data-tokens "$tmp/train.bin" --seq 32 --batch 4 --steps 1 --threads 1)
+cp -r "$tmp/model" "$tmp/broken"
+rm "$tmp/broken/model.safetensors"
+expect_error "missing weights" "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+cp "$tmp/model/model.safetensors" "$tmp/broken/model.safetensors"
+truncate -s 1000 "$tmp/broken/model.safetensors"
+expect_error "truncated weights" "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+cp "$tmp/model/model.safetensors" "$tmp/broken/model.safetensors"
+"$py" - "$tmp/broken/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["intermediate_size"] = 128
+json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "config against weights" "mlp.gate_proj.weight" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+"$py" - "$tmp/broken/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["intermediate_size"] = 160
+c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+json.dump(c, open(sys.argv[1], "w"))
+PY
+expect_error "rope_scaling" "llama3" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+"$py" -c "import numpy as np, sys; np.array([5, 7, 4000, 9] * 20, dtype='<u2').tofile(sys.argv[1])" "$tmp/big_id.bin"
+expect_error "token id beyond the vocabulary" "4000" "$bin" --hf-dir "$tmp/model" \
+  --data-tokens "$tmp/big_id.bin" --seq 8 --batch 4 --steps 1 --threads 1
+head -c 2001 "$tmp/train.bin" > "$tmp/odd.bin"
+expect_error "truncated token file" "odd.bin" "$bin" --hf-dir "$tmp/model" \
+  --data-tokens "$tmp/odd.bin" "${small[@]:2}"
+mkdir "$tmp/taken"; echo keep > "$tmp/taken/mine.txt"
+expect_error "existing export directory" "exists already" "$bin" --hf-dir "$tmp/model" \
+  "${small[@]}" --export-hf "$tmp/taken"
+[ "$(cat "$tmp/taken/mine.txt")" = keep ] || { echo "FAILED: the existing directory changed"; fail=1; }
+
+[ "$fail" -eq 0 ] && echo "llama trainer: passed"
+exit "$fail"
