@@ -11,7 +11,7 @@
 # convert_hf_to_gguf.py) is downloaded once into $FSDP_CACHE/llama-cpp, built into a wheel once
 # (CPU only; 16 to 18 minutes measured on a busy 2-core machine) and installed into the
 # project's venv; a later run reuses the wheel. The converter needs a SentencePiece
-# tokenizer.model beside the weights: --tokenizer copies one in (scripts/tokenize.py writes one
+# tokenizer.model beside the weights: --tokenizer copies one in (scripts/tokenize_text.py writes one
 # when it trains its own).
 # ExecuTorch: executorch 1.2.0 (the release built against torch 2.11) goes into a separate venv,
 # $FSDP_CACHE/executorch-venv, that sees the project venv's torch and transformers through a .pth

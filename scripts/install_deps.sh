@@ -33,7 +33,7 @@ python_packages=(
   matplotlib            # bench/ plots
   # The outside programs the Llama model is checked against (tests/reference/hf_llama.py):
   "transformers==5.24.0"  # LlamaForCausalLM, the reference model and trainer (FSDP2 on gloo)
-  "tokenizers==0.23.3" "sentencepiece==0.2.3"  # scripts/tokenize.py
+  "tokenizers==0.23.3" "sentencepiece==0.2.3"  # scripts/tokenize_text.py
   "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"            # MLX loads the exported directories
 )
 # Their dist-info names, to tell a complete venv by a directory listing.

@@ -1,4 +1,4 @@
-// Tokenized training data in nanoGPT's raw format (what scripts/tokenize.py writes): token ids
+// Tokenized training data in nanoGPT's raw format (what scripts/tokenize_text.py writes): token ids
 // one after another, little-endian uint16 (uint32 for vocabularies above 65536 ids), no header.
 // The file is memory-mapped and never read whole: a batch touches only its windows' pages.
 //

@@ -1,7 +1,7 @@
 """Text files -> token files for train_llama (nanoGPT's raw format: little-endian uint16 ids, uint32
 when the vocabulary does not fit in 16 bits or with --dtype uint32).
 
-  python scripts/tokenize.py TEXT [TEXT ...] --out-dir DIR [--val-fraction 0.1] \
+  python scripts/tokenize_text.py TEXT [TEXT ...] --out-dir DIR [--val-fraction 0.1] \
       [--sp-model tokenizer.model | --hf-tokenizer DIR_or_tokenizer.json | --vocab-size 1000] \
       [--dtype auto|uint16|uint32] [--no-eos]
 
@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 
 def fail(msg):
-    sys.exit(f"tokenize.py: error: {msg}")
+    sys.exit(f"tokenize_text.py: error: {msg}")
 
 
 def read_lines(paths):
