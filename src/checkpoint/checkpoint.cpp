@@ -24,6 +24,7 @@
 #include "checkpoint/rank_file.h"
 #include "fsdp/checkpoint/state_dict.h"
 #include "util/check.h"
+#include "util/format.h"
 
 #ifndef FSDP_VERSION
 #define FSDP_VERSION "unknown"
@@ -33,6 +34,7 @@ namespace fsdp {
 namespace {
 
 using detail::Manifest;
+using detail::shape_str;
 using detail::StoredTensor;
 
 constexpr const char* kStepPrefix = "step_";
@@ -222,10 +224,6 @@ at::Tensor read_rows_like(const std::string& dir, const StoredTensor& t, int64_t
   auto staged = at::empty(shape, at::TensorOptions().dtype(t.dtype)).contiguous();
   detail::read_rows(dir, t, begin, begin + rows, staged);
   return staged;
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
 Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module& model,

@@ -15,13 +15,13 @@
 namespace fsdp::detail {
 namespace {
 
-std::string os_error() { return std::strerror(errno); }
-
 int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
   return std::remove(path) == 0 ? 0 : -1;
 }
 
 }  // namespace
+
+std::string os_error() { return std::strerror(errno); }
 
 bool path_exists(const std::string& path) {
   struct stat st;

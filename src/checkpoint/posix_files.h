@@ -18,6 +18,8 @@ void make_directories(const std::string& path);
 void remove_tree(const std::string& path);
 // The names in a directory (no "." or ".."); empty when it does not exist.
 std::vector<std::string> list_directory(const std::string& path);
+// strerror(errno): the reason of the last failed POSIX call, for messages.
+std::string os_error();
 // rename(2): atomic within one file system. CheckpointError when it fails.
 void rename_path(const std::string& from, const std::string& to);
 

@@ -10,12 +10,11 @@
 #include <cstring>
 #include <memory>
 
+#include "checkpoint/posix_files.h"
 #include "fsdp/checkpoint/checkpoint.h"
 
 namespace fsdp::detail {
 namespace {
-
-std::string os_error() { return std::strerror(errno); }
 
 void write_all(int fd, const char* data, int64_t n, const std::string& path) {
   while (n > 0) {

@@ -13,6 +13,7 @@
 #include "runtime/collectives.h"
 #include "runtime/local_shards.h"
 #include "util/check.h"
+#include "util/format.h"
 
 namespace fsdp {
 
@@ -69,6 +70,8 @@ FullStateDict get_full_model_state_dict(const torch::nn::Module& model,
 
 namespace {
 
+using detail::shape_str;
+
 // Every name of every tensor of the model -> the name its state dict uses (a tied tensor's
 // other names resolve to its first).
 std::unordered_map<std::string, std::string> state_dict_names(const torch::nn::Module& model) {
@@ -80,10 +83,6 @@ std::unordered_map<std::string, std::string> state_dict_names(const torch::nn::M
   }
   for (const auto& b : model.named_buffers(/*recurse=*/true)) out[b.key()] = b.key();
   return out;
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
 }
 
 // Looks every entry of `given` (by any of the model's names) up against the model's state dict

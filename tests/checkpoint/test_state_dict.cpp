@@ -270,7 +270,7 @@ struct OptimizerCase {
 
 class OptimizerResume : public ::testing::TestWithParam<OptimizerCase> {};
 
-std::string fresh_dir(const std::string& tag) {
+std::string scratch_dir(const std::string& tag) {
   std::string dir = "/tmp/fsdp_state_dict_" + tag + "_" + std::to_string(::getpid());
   std::string cmd = "rm -rf '" + dir + "'";
   EXPECT_EQ(std::system(cmd.c_str()), 0);
@@ -283,7 +283,7 @@ TEST_P(OptimizerResume, ExactlyAcrossAReshard) {
   // Another world size reorders the gradients' sums; the key bias's gradient is zero up to
   // rounding, which Adam-like optimizers turn into lr-sized steps (train_harness.h).
   spec.edit_model = freeze_attention_bias;
-  const auto dir = fresh_dir(c.name);
+  const auto dir = scratch_dir(c.name);
   Full saved_state, after_three;
   std::string path;
   run_local_ranks(

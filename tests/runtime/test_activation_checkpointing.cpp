@@ -10,8 +10,6 @@
 namespace fsdp::testing {
 namespace {
 
-constexpr double kFp32Tolerance = 1e-5;
-
 class CheckpointedBlocks : public ::testing::TestWithParam<int> {};
 
 TEST_P(CheckpointedBlocks, IdenticalToWithoutAndToOneProcess) {

@@ -283,7 +283,7 @@ TEST(MemoryStats, ShardsAndPeakFullParameters) {
       test_options());
 }
 
-TEST(FakeGroup, PlaysRankOfEightForMemoryAndCounts) {
+TEST(FullyShardOnFakeGroup, PlaysRankOfEightForMemoryAndCounts) {
   TrainSpec spec;
   auto pg = make_fake_group(/*rank=*/7, /*world_size=*/8);
   auto model = build_model(spec);

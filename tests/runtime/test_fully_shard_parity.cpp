@@ -8,11 +8,6 @@
 namespace fsdp::testing {
 namespace {
 
-// Relative loss error and per-tensor normalised parameter error (max |a - b| / max |b|) after
-// 10 AdamW steps, fp32. The reference accumulates the gradients of the N slices of each global
-// batch in one process, so only the order of float additions may differ.
-constexpr double kFp32Tolerance = 1e-5;
-
 class Fp32Parity : public ::testing::TestWithParam<int> {};
 
 TEST_P(Fp32Parity, MatchesSingleProcess) {

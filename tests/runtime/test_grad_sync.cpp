@@ -10,8 +10,6 @@
 namespace fsdp::testing {
 namespace {
 
-constexpr double kFp32Tolerance = 1e-5;
-
 // The gradients one process gets for a global batch: the mean over `slices` equal slices.
 std::vector<at::Tensor> reference_grads(const TrainSpec& spec, int slices) {
   auto model = build_model(spec);

@@ -20,14 +20,13 @@
 namespace fsdp::testing {
 namespace {
 
-// As the plain parity tests: only the order of float additions differs. With one replica or
-// one shard per replica the order is the plain one and the results are bit-identical to plain
-// FSDP. Otherwise each gradient is averaged over the shard group, then over the replicas
+// kFp32Tolerance as the plain parity tests: only the order of float additions differs. With one
+// replica or one shard per replica the order is the plain one and the results are bit-identical to
+// plain FSDP. Otherwise each gradient is averaged over the shard group, then over the replicas
 // ((a + b) / 2 + (c + d) / 2) / 2 instead of (a + b + c + d) / 4: the losses still agree to
 // float rounding, and the parameters within what 10 AdamW steps make of gradients that differ
 // in their last bit (measured: 1.5e-5 to 1.9e-5 at 2x2, 2x3 and 3x2; test_grad_sync.cpp sees
 // the same amplification when accumulation reorders the sums).
-constexpr double kFp32Tolerance = 1e-5;
 constexpr double kReorderedParamTolerance = 1e-4;
 
 struct Layout {

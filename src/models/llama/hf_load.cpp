@@ -22,9 +22,12 @@
 #include "fsdp/models/hf_checkpoint.h"
 #include "models/llama/hf_files.h"
 #include "util/check.h"
+#include "util/format.h"
 
 namespace fsdp::models::llama {
 namespace {
+
+using fsdp::detail::shape_str;
 
 // Where each tensor of the directory is.
 struct Located {
@@ -88,10 +91,6 @@ bool ignored_entry(const std::string& name) {
   const std::string suffix = "rotary_emb.inv_freq";
   return name.size() >= suffix.size() &&
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string shape_string(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 // Every tensor of the directory by name, reading the headers only. Problems go to `problems`;
@@ -187,14 +186,14 @@ void load_hf_weights(const std::string& dir_in, torch::nn::Module& model,
       auto it = found.find(name);
       if (it == found.end()) {
         if (!unreadable.count(name))
-          missing.push_back(fmt::format("'{}' {}", name, shape_string(s.global_shape)));
+          missing.push_back(fmt::format("'{}' {}", name, shape_str(s.global_shape)));
         continue;
       }
       const auto& e = it->second.entry;
       if (e.shape != s.global_shape) {
         problems.push_back(fmt::format("'{}' has shape {} in {}; the model's is {}", name,
-                                       shape_string(e.shape), it->second.file,
-                                       shape_string(s.global_shape)));
+                                       shape_str(e.shape), it->second.file,
+                                       shape_str(s.global_shape)));
       } else if (e.dtype != at::kFloat && e.dtype != at::kBFloat16 && e.dtype != at::kHalf) {
         problems.push_back(fmt::format("'{}' is {} in {}; expected F32, BF16 or F16", name,
                                        c10::toString(e.dtype), it->second.file));
@@ -213,8 +212,8 @@ void load_hf_weights(const std::string& dir_in, torch::nn::Module& model,
         unexpected.push_back(fmt::format("'{}' (in {})", name, where.file));
       } else if (where.entry.shape != shape_of[alias->second]) {
         problems.push_back(fmt::format("'{}' has shape {} in {}; it is the model's '{}' of {}",
-                                       name, shape_string(where.entry.shape), where.file,
-                                       alias->second, shape_string(shape_of[alias->second])));
+                                       name, shape_str(where.entry.shape), where.file,
+                                       alias->second, shape_str(shape_of[alias->second])));
       }
     }
     if (!unexpected.empty()) {

@@ -26,9 +26,12 @@
 #include "fsdp/models/hf_checkpoint.h"
 #include "models/llama/hf_files.h"
 #include "util/check.h"
+#include "util/format.h"
 
 namespace fsdp::models::llama {
 namespace {
+
+using fsdp::detail::shape_str;
 
 struct PlannedFile {
   std::string name;
@@ -45,10 +48,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
 // The model's tensors must be the config's, so that config.json describes the files.
 void check_model_matches(const ShardedStateDict& state, const Config& config) {
   std::map<std::string, std::vector<int64_t>> want;
@@ -62,7 +61,7 @@ void check_model_matches(const ShardedStateDict& state, const Config& config) {
       problems.push_back(fmt::format("'{}' is not a tensor of this config", name));
     } else if (it->second != s.global_shape) {
       problems.push_back(fmt::format("'{}' is {}, the config's is {}", name,
-                                     shape_string(s.global_shape), shape_string(it->second)));
+                                     shape_str(s.global_shape), shape_str(it->second)));
     }
   }
   for (const auto& [name, shape] : want) {
