@@ -1,6 +1,7 @@
 #include "options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -18,12 +19,21 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+std::string config_path(const Options& o) {
+  return o.config.empty() ? o.hf_dir + "/config.json" : o.config;
+}
+
 std::string check(const Options& o) {
-  if (o.hf_dir.empty() == o.config.empty()) {
-    return "give the model as --hf-dir DIR (a Hugging Face directory) or as --config FILE (a "
-           "config.json, random weights from --seed), one of the two";
+  const int sources = !o.hf_dir.empty() + !o.config.empty() + !o.preset.empty();
+  if (sources != 1) {
+    return "give the model as --hf-dir DIR (a Hugging Face directory), --config FILE (a "
+           "config.json, random weights from --seed) or --preset NAME, one of the three";
   }
-  if (!is_file(config_path(o))) {
+  if (!o.preset.empty() && !fsdp::models::llama::preset_config(o.preset)) {
+    return fmt::format("--preset {}: unknown; expected one of {}", o.preset,
+                       fmt::join(fsdp::models::llama::preset_names(), ", "));
+  }
+  if (o.preset.empty() && !is_file(config_path(o))) {
     return fmt::format("{}: no such file (expected a Hugging Face config.json)", config_path(o));
   }
   if (o.train.eval_only) {
@@ -31,8 +41,8 @@ std::string check(const Options& o) {
   } else if (!o.train.plan && o.data_tokens.empty()) {
     return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
   }
-  for (const auto& [flag, path] : {std::pair{"--data-tokens", o.data_tokens},
-                                   std::pair{"--val-tokens", o.val_tokens}}) {
+  for (const auto& [flag, path] :
+       {std::pair{"--data-tokens", o.data_tokens}, std::pair{"--val-tokens", o.val_tokens}}) {
     if (!path.empty() && !is_file(path)) {
       return fmt::format("{} {}: no such file (expected a file of {} token ids)", flag, path,
                          o.tokens_dtype);
@@ -56,8 +66,9 @@ std::string check(const Options& o) {
 
 }  // namespace
 
-std::string config_path(const Options& o) {
-  return o.config.empty() ? o.hf_dir + "/config.json" : o.config;
+fsdp::models::llama::Config model_config(const Options& o) {
+  if (!o.preset.empty()) return *fsdp::models::llama::preset_config(o.preset);
+  return fsdp::models::llama::read_hf_config(config_path(o));
 }
 
 ParseResult parse_options(int argc, char** argv, int world) {
@@ -74,16 +85,20 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "A Hugging Face directory (config.json, model.safetensors or shards with "
                  "model.safetensors.index.json): start from its weights");
   app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
+  app.add_option("--preset", o.preset,
+                 "A published configuration (llama2-7b, llama3-8b, llama3-70b; Meta's "
+                 "config.json values, no weights): random weights, or what --plan needs");
   app.add_option("--data-tokens", o.data_tokens,
-                 "Training tokens: little-endian token ids, one after another (scripts/"
-                 "tokenize.py writes them)");
+                 "Training tokens: little-endian token ids, one after another "
+                 "(scripts/tokenize_text.py writes them)");
   app.add_option("--val-tokens", o.val_tokens,
                  "Validation tokens: the loss over windows of --seq + 1 tokens");
   app.add_option("--tokens-dtype", o.tokens_dtype, "uint16, or uint32 for vocabularies above 65536")
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->capture_default_str();
   app.add_option("--seq", t.seq, "Tokens per sequence")->capture_default_str();
-  app.add_option("--batch", batch, "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
+  app.add_option("--batch", batch,
+                 "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
   app.add_option("--steps", t.steps, "Training steps")->capture_default_str();
   app.add_option("--export-hf", o.export_hf,
                  "After training, write the model as a Hugging Face directory (a new one)");
@@ -108,13 +123,8 @@ ParseResult parse_options(int argc, char** argv, int world) {
   defaults.weight_decay = 0.1;
   defaults.lr_schedule = "cosine";
   trainer::add_train_flags(app, t, defaults, profile_steps);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    return {std::nullopt, 0, app.help()};
-  } catch (const CLI::ParseError& e) {
-    return {std::nullopt, 2,
-            fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
+    return {std::nullopt, stop->exit_code, stop->message};
   }
   if (t.plan && t.plan_world < 0) {
     return {std::nullopt, 2,

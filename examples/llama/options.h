@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/models/llama_config.h"
 #include "train_options.h"
 
 namespace llama {
@@ -14,6 +15,7 @@ namespace llama {
 struct Options {
   std::string hf_dir;       // config.json + safetensors: start from these weights
   std::string config;       // a config.json alone: random weights from --seed
+  std::string preset;       // a published configuration by name: random weights, or a plan
   std::string data_tokens;  // training tokens (uint16 or uint32, nanoGPT's raw format)
   std::string val_tokens;   // validation tokens
   std::string tokens_dtype = "uint16";
@@ -36,7 +38,8 @@ struct ParseResult {
 // the files named exist, and their combinations. `world` splits the global batch.
 ParseResult parse_options(int argc, char** argv, int world);
 
-// The config.json the flags name (--hf-dir's, or --config).
-std::string config_path(const Options& o);
+// The model's configuration the flags name: --hf-dir's config.json, --config, or --preset.
+// InvalidArgument when the file cannot be read.
+fsdp::models::llama::Config model_config(const Options& o);
 
 }  // namespace llama

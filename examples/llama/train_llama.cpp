@@ -88,7 +88,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     b.config = hf.config;
     b.model = hf.model;
   } else {
-    b.config = ll::read_hf_config(o.config);
+    b.config = llama::model_config(o);
     torch::manual_seed(o.train.seed);
     ll::BuildOptions options;
     if (!o.train.init_full_model) options.on_layer_built = shard_layer;
@@ -100,10 +100,10 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
 
 trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
   trainer::PlanModel m;
-  m.describe = fmt::format("Llama hidden {} layers {} heads {} kv heads {} intermediate {} vocab {}",
-                           config.hidden_size, config.num_hidden_layers,
-                           config.num_attention_heads, config.num_key_value_heads,
-                           config.intermediate_size, config.vocab_size);
+  m.describe =
+      fmt::format("Llama hidden {} layers {} heads {} kv heads {} intermediate {} vocab {}",
+                  config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                  config.num_key_value_heads, config.intermediate_size, config.vocab_size);
   m.units = [&o, config](int64_t sequences, int compute_bytes, bool checkpointed) {
     ll::PlanShape shape;
     shape.model = config;
@@ -155,8 +155,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
                fmt::format("vocab {} hidden {} layers {} heads {} kv heads {} intermediate {}{}",
                            vocab, b.config.hidden_size, b.config.num_hidden_layers,
                            b.config.num_attention_heads, b.config.num_key_value_heads,
-                           b.config.intermediate_size,
-                           b.config.tie_word_embeddings ? " tied" : ""),
+                           b.config.intermediate_size, b.config.tie_word_embeddings ? " tied" : ""),
                ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
   task.finish = [&] {
     if (o.export_hf.empty()) return;
@@ -175,20 +174,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
 int main(int argc, char** argv) {
   Options options;
   return trainer::trainer_main(
-      argc, argv,
-      [&](int n, char** args, int world) {
-        auto parsed = llama::parse_options(n, args, world);
-        trainer::Parsed out{parsed.options.has_value(), parsed.exit_code, parsed.message};
-        if (parsed.options) {
-          options = *parsed.options;
-          out.plan = options.train.plan;
-          out.track_host_memory = options.train.track_host_memory;
-        }
-        return out;
-      },
+      argc, argv, trainer::parse_into(options, llama::parse_options),
       [&] {
         try {
-          const auto config = ll::read_hf_config(llama::config_path(options));
+          const auto config = llama::model_config(options);
           return trainer::run_plan(options.train, plan_model(options, config));
         } catch (const std::exception& e) {
           fmt::print(stderr, "error: plan: {}\n", e.what());

@@ -105,13 +105,8 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   // betas (0.9, 0.999), weight decay 0.01, a constant learning rate.
   std::string profile_steps;
   trainer::add_train_flags(app, o.train, trainer::TrainDefaults{}, profile_steps);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    return {std::nullopt, 0, app.help()};
-  } catch (const CLI::ParseError& e) {
-    return {std::nullopt, 2,
-            fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
+    return {std::nullopt, stop->exit_code, stop->message};
   }
   const Preset& p = presets().at(o.preset);
   o.model.vocab = vocab.value_or(p.model.vocab);

@@ -117,17 +117,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
 int main(int argc, char** argv) {
   Options options;
   return trainer::trainer_main(
-      argc, argv,
-      [&](int n, char** args, int world) {
-        auto parsed = minillm::parse_options(n, args, world);
-        trainer::Parsed out{parsed.options.has_value(), parsed.exit_code, parsed.message};
-        if (parsed.options) {
-          options = *parsed.options;
-          out.plan = options.train.plan;
-          out.track_host_memory = options.train.track_host_memory;
-        }
-        return out;
-      },
+      argc, argv, trainer::parse_into(options, minillm::parse_options),
       [&] { return trainer::run_plan(options.train, plan_model(options)); },
       [&](const fsdp::LaunchInfo& launch) { return run(options, launch); });
 }

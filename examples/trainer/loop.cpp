@@ -71,12 +71,22 @@ void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
   if (rank != 0) return;
   fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
              o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
-  fmt::print(
-      "profile: compute {:.1f} ms on the training thread, communication {:.1f} ms on the comm "
-      "thread, exposed (training thread waiting) {:.1f} ms (the trainer's own count: {:.1f} ms), "
-      "overlap {:.0f}%\n",
-      summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
-      100 * summary.overlap);
+  if (dist.device.is_cuda()) {
+    // On CUDA the trace's host ranges time only the launches (the host's wait() returns at
+    // once); the exposed time is the compute stream's stalls on the collectives' events, which
+    // only the trainer counts. The kernels' times are in the trace's GPU rows.
+    fmt::print(
+        "profile: exposed communication (the compute stream waiting on collectives, CUDA "
+        "events) {:.1f} ms; the host ranges time launches only: read the trace's GPU rows\n",
+        1e3 * trainer_exposed_s);
+  } else {
+    fmt::print(
+        "profile: compute {:.1f} ms on the training thread, communication {:.1f} ms on the comm "
+        "thread, exposed (training thread waiting) {:.1f} ms (the trainer's own count: {:.1f} "
+        "ms), overlap {:.0f}%\n",
+        summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
+        100 * summary.overlap);
+  }
   const char* names[] = {"the process group", "the shard group", "the replicate group"};
   for (size_t g = 0; g < after.size(); ++g) {
     auto issued = [&](fsdp::CollectiveKind k) { return after[g].count(k) - before[g].count(k); };

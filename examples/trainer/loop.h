@@ -46,6 +46,23 @@ int trainer_main(int argc, char** argv,
                  const std::function<int()>& plan,
                  const std::function<int(const fsdp::LaunchInfo&)>& run);
 
+// A trainer's own parse function (argc, argv, world) -> {std::optional<Options> options,
+// exit_code, message}, with the loop's flags in Options::train, as trainer_main's `parse`:
+// the options parsed land in `options`.
+template <class Options, class Parse>
+std::function<Parsed(int, char**, int)> parse_into(Options& options, Parse parse) {
+  return [&options, parse](int argc, char** argv, int world) {
+    auto parsed = parse(argc, argv, world);
+    Parsed out{parsed.options.has_value(), parsed.exit_code, parsed.message};
+    if (parsed.options) {
+      options = *parsed.options;
+      out.plan = options.train.plan;
+      out.track_host_memory = options.train.track_host_memory;
+    }
+    return out;
+  };
+}
+
 // Intra-op threads per rank: --threads, else the cores over the ranks on this machine.
 int threads_for(int threads);
 

@@ -197,6 +197,18 @@ std::string check(const TrainOptions& o, int world) {
 
 }  // namespace
 
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return ParseStop{0, app.help()};
+  } catch (const CLI::ParseError& e) {
+    return ParseStop{
+        2, fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  }
+  return std::nullopt;
+}
+
 std::string finish_train_options(TrainOptions& o, const std::string& profile_steps, int world) {
   if (!profile_steps.empty()) {
     int a = -1, b = -1;

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace trainer {
@@ -76,6 +77,14 @@ struct TrainDefaults {
 // trainer fills from presets (--seq, --batch, --steps) are the trainer's to register.
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
                      std::string& profile_steps);
+
+// Parses argv into `app`'s flags. nullopt when the program goes on; otherwise what to print
+// and the exit code: --help's text and 0, or a parse error (with a pointer to --help) and 2.
+struct ParseStop {
+  int exit_code = 0;
+  std::string message;
+};
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv);
 
 // After parsing: reads --profile-steps and checks every value against the world size; the
 // error (naming the flag, its value and what is expected) or "".

@@ -12,7 +12,7 @@ train_minillm --replicas R.
 
 Tolerances (relative, worst step): fp32 1e-5; bf16 parameters with fp32 reduction 1e-2.
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, json, os, sys, tempfile
 
 import torch
 
@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 REFERENCE = os.path.join(ROOT, "bench", "reference", "py_minillm.py")
 sys.path.insert(0, os.path.dirname(REFERENCE))
 from py_minillm import MiniLLM  # noqa: E402
+from run_checked import run  # noqa: E402
 
 # vocab 510 does not divide by 4: the embedding and head shards are uneven at world 4.
 SIZES = dict(vocab=510, dim=64, layers=2, heads=4, seq=32)
@@ -30,20 +31,6 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}
 
 def size_flags():
     return [f"--{k}={v}" for k, v in SIZES.items()]
-
-
-def run(cmd, env, finished_marker=None):
-    """The command's stdout; exits on failure. A PyTorch run that printed `finished_marker` (its
-    RESULT line, after the last step) and then failed is accepted with a warning: gloo's teardown
-    in torch 2.11 occasionally aborts at exit (std::terminate), after all results are out."""
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        if finished_marker and finished_marker in done.stdout:
-            print(f"warning: exit status {done.returncode} after the run finished: "
-                  f"{done.stderr.strip().splitlines()[-1:]}")
-        else:
-            sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def main():

@@ -26,7 +26,7 @@ against transformers.
 Tolerances (relative): losses, worst step, 1e-5; logits, max |diff| / max |logit|, 1e-5.
 Exits 0 on agreement, 1 on a mismatch or a loss that did not move, 2 on a usage error.
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, json, os, sys, tempfile
 
 import numpy as np
 
@@ -35,28 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 HF_LLAMA = os.path.join(HERE, "hf_llama.py")
 sys.path.insert(0, HERE)
 import hf_llama  # noqa: E402
+from run_checked import run  # noqa: E402
 
 # GQA (4 query heads over 2 KV heads); vocab 1001 makes uneven shards at every world size.
 SIZES = dict(vocab=1001, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160)
 SEQ = 32
 TOLERANCE = {"losses": 1e-5, "logits": 1e-5}
-
-
-def run(cmd, env, finished_marker=None):
-    """The command's stdout; exits on failure. A PyTorch run that printed `finished_marker` (its
-    RESULT line, after the last step) and then failed is accepted with a warning: gloo's teardown
-    in torch 2.11 occasionally aborts at exit (std::terminate), after all results are out."""
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    except FileNotFoundError:
-        sys.exit(f"not found: {cmd[0]}")
-    if done.returncode != 0:
-        if finished_marker and finished_marker in done.stdout:
-            print(f"warning: exit status {done.returncode} after the run finished: "
-                  f"{done.stderr.strip().splitlines()[-1:]}")
-        else:
-            sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
-    return done.stdout
 
 
 def write_tokens(path, count, vocab, seed):

@@ -26,8 +26,11 @@ struct MemoryStats {
 };
 
 struct CommStats {
-  // Seconds the training thread of the unit's tree waited for collectives since the units were
-  // created: the communication that compute did not hide (exposed communication).
+  // Seconds the tree's computation waited for collectives since the units were created: the
+  // communication that compute did not hide (exposed communication). On CPU engines, the
+  // training thread's time in wait(); on CUDA, the time the compute stream stalled on each
+  // collective's event (timed with CUDA events, read once they complete; see WaitClock), since
+  // the host's wait() returns at once there.
   double exposed_seconds = 0;
 };
 
