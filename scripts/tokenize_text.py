@@ -17,20 +17,14 @@ not). The last --val-fraction of the token stream is DIR/val.bin, the rest DIR/t
 Prints the counts; exits 1 with a message on a missing file, an empty result or a vocabulary too
 large for --dtype uint16.
 """
+import argparse
+import json
 import os
 import sys
+import tempfile
+import time
 
-# This file is named like the standard library's `tokenize`, which linecache, inspect and
-# traceback import: take its own directory off the module path before anything imports it.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def fail(msg):

@@ -5,7 +5,7 @@
 # export gives it again. Then bad input, each a clear error and a non-zero exit with nothing
 # written: a missing and a corrupted weight file, a config that does not match the weights, an
 # unsupported rope_scaling, a token id beyond the vocabulary, a truncated token file, an
-# existing export directory.
+# existing export directory, an unknown --preset.
 #   llama_trainer.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -86,6 +86,8 @@ mkdir "$tmp/taken"; echo keep > "$tmp/taken/mine.txt"
 expect_error "existing export directory" "exists already" "$bin" --hf-dir "$tmp/model" \
   "${small[@]}" --export-hf "$tmp/taken"
 [ "$(cat "$tmp/taken/mine.txt")" = keep ] || { echo "FAILED: the existing directory changed"; fail=1; }
+expect_error "unknown preset" "expected one of llama2-7b, llama3-8b, llama3-70b" "$bin" \
+  --preset llama4 --plan
 
 [ "$fail" -eq 0 ] && echo "llama trainer: passed"
 exit "$fail"
