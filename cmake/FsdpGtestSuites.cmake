@@ -9,6 +9,7 @@
 # PROPERTIES_FILE holds the text of the entries' properties (ENVIRONMENT [==[...]==] TIMEOUT n
 # ...), written at configure time. A suite whose every case skips itself (GTEST_SKIP: the GPU
 # tests on a machine without one) is reported as skipped, as gtest_discover_tests reports them.
+# Every entry has the label gtest (scripts/sanitize.sh runs those: one process each).
 foreach(v TEST_BINARY PROPERTIES_FILE OUTPUT)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "FsdpGtestSuites.cmake: -D ${v}=... is required")
@@ -33,7 +34,7 @@ foreach(line IN LISTS lines)
     string(APPEND content
            "add_test([==[${suite}]==] [==[${TEST_BINARY}]==] [==[--gtest_filter=${suite}.*]==])\n"
            "set_tests_properties([==[${suite}]==] PROPERTIES ${properties}\n"
-           "  SKIP_REGULAR_EXPRESSION [==[\\[  PASSED  \\] 0 tests]==])\n")
+           "  LABELS gtest SKIP_REGULAR_EXPRESSION [==[\\[  PASSED  \\] 0 tests]==])\n")
     math(EXPR count "${count} + 1")
   endif()
 endforeach()

@@ -4,6 +4,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
+# The cores, read before OMP_NUM_THREADS is set below: nproc honours OMP_NUM_THREADS, and with
+# it set to 1 ctest ran every test one after another.
+jobs="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 
 bash "$root/scripts/install_deps.sh"
 # install_deps.sh provides MPI and Gloo: require them, so a broken install fails here instead
@@ -12,8 +15,8 @@ bash "$root/scripts/install_deps.sh"
 engines=(-DFSDP_WITH_MPI=ON -DFSDP_WITH_GLOO=ON)
 if [ -f /usr/local/cuda/include/nccl.h ]; then engines+=(-DFSDP_WITH_NCCL=ON); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON "${engines[@]}"
-cmake --build "$build" -j "$(nproc)"
+cmake --build "$build" -j "$jobs"
 # One intra-op thread per rank: several ranks share two cores in the multi-rank tests.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+ctest --output-on-failure -j "$jobs" --timeout 600 "$@"
