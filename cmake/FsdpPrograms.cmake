@@ -99,22 +99,34 @@ function(fsdp_add_test name kind)
       # Test files share their precompiled header's 3.5 s load and their instantiations.
       set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)
     endif()
-    # One ctest entry per test suite, listed from the binary after each build
-    # (FsdpGtestSuites.cmake says why not one per case).
+    # One ctest entry per test suite, listed by ctest from the binary when it is newer than the
+    # list (FsdpGtestSuites.cmake says why per suite, and why not at build time).
     set(_base ${CMAKE_CURRENT_BINARY_DIR}/${name})
-    file(WRITE ${_base}_properties.txt "${_props_text}")
-    add_custom_command(TARGET ${name} POST_BUILD
-                       COMMAND ${CMAKE_COMMAND} -D TEST_BINARY=$<TARGET_FILE:${name}>
-                               -D PROPERTIES_FILE=${_base}_properties.txt
-                               -D OUTPUT=${_base}_suites.cmake
-                               -P ${PROJECT_SOURCE_DIR}/cmake/FsdpGtestSuites.cmake
-                       BYPRODUCTS ${_base}_suites.cmake VERBATIM)
-    file(WRITE ${_base}_include.cmake
-         "if(EXISTS [==[${_base}_suites.cmake]==])\n"
-         "  include([==[${_base}_suites.cmake]==])\n"
-         "else()\n"
-         "  add_test([==[${name}_NOT_BUILT]==] [==[${name}_NOT_BUILT]==])\n"
-         "endif()\n")
+    file(GENERATE OUTPUT ${_base}_properties.txt CONTENT "${_props_text}")
+    set(_list_script ${PROJECT_SOURCE_DIR}/cmake/FsdpGtestSuites.cmake)
+    set(_runner ${PROJECT_SOURCE_DIR}/cmake/run_gtest_suite.sh)
+    string(CONFIGURE [==[
+set(_fsdp_bin [=[$<TARGET_FILE:@name@>]=])
+set(_fsdp_list [=[@_base@_suites.cmake]=])
+set(_fsdp_props [=[@_base@_properties.txt]=])
+set(_fsdp_args -D "TEST_BINARY=${_fsdp_bin}" -D "PROPERTIES_FILE=${_fsdp_props}"
+    -D [=[RUNNER=@_runner@]=] -D "OUTPUT=${_fsdp_list}" -P [=[@_list_script@]=])
+if(NOT EXISTS "${_fsdp_bin}")
+  add_test([=[@name@_NOT_BUILT]=] [=[@name@_NOT_BUILT]=])
+else()
+  if(NOT EXISTS "${_fsdp_list}" OR "${_fsdp_bin}" IS_NEWER_THAN "${_fsdp_list}"
+     OR "${_fsdp_props}" IS_NEWER_THAN "${_fsdp_list}")
+    execute_process(COMMAND [=[@CMAKE_COMMAND@]=] ${_fsdp_args} OUTPUT_QUIET ERROR_QUIET)
+  endif()
+  if(EXISTS "${_fsdp_list}")
+    include("${_fsdp_list}")
+  else()
+    # The listing failed: an entry that runs it again, so that its error is seen and fails.
+    add_test([=[@name@_NOT_LISTED]=] [=[@CMAKE_COMMAND@]=] ${_fsdp_args})
+  endif()
+endif()
+]==] _include @ONLY)
+    file(GENERATE OUTPUT ${_base}_include.cmake CONTENT "${_include}")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_base}_include.cmake)
   elseif(kind STREQUAL "MPI" OR kind STREQUAL "LAUNCH")
     foreach(np ${T_NP})

@@ -29,6 +29,9 @@ export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp"
 cd "$build"
-# One-process tests only: the GoogleTest suites (label gtest) and the fuzz corpus replays.
-ctest --output-on-failure -j "$jobs" --timeout 900 -L '^gtest$' -E '^Nccl|Cuda' "$@"
-ctest --output-on-failure -j "$jobs" --timeout 900 -R '^fuzz_regress_' "$@"
+# One-process tests only: the GoogleTest suites (label gtest; the ctest args narrow these) and
+# the fuzz corpus replays. Both run; the status is a failure if either failed.
+rc=0
+ctest --output-on-failure -j "$jobs" --timeout 1800 -L '^gtest$' -E '^Nccl|Cuda' "$@" || rc=1
+ctest --output-on-failure -j "$jobs" --timeout 900 -R '^fuzz_regress_' || rc=1
+exit "$rc"
