@@ -26,7 +26,10 @@ struct FullyShardOptions {
   // the first run, so dropout draws the same mask) and backpropagates through it. Trades one
   // more forward per step for the activations of the unit. Needs the unit to be called through
   // its fsdp::Unit, and its forward to return a Tensor, a vector of Tensors or a tuple of
-  // Tensors.
+  // Tensors. The recompute sets libtorch's global generators and puts them back, as PyTorch's
+  // checkpoint does: thread ranks of one process (make_local_groups) share those generators,
+  // so another rank drawing random numbers meanwhile (seeding and building a model) may be
+  // disturbed; separate processes are not affected.
   bool activation_checkpointing = false;
   // Parameters of the module left as they are: not sharded, not gathered, their gradients not
   // reduced (FSDP2's ignored_params). Each rank keeps and trains its own copy.
