@@ -58,9 +58,7 @@ def run(rank, world, a):
     torch.set_num_threads(a.threads)
     distributed = a.mode != "local"
     if distributed:
-        if "RANK" not in os.environ:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        hf_llama.init_gloo(rank, world, a.port)
     model = build_model(a)
     vocab = model.config.vocab_size
     params = sum(p.numel() for p in model.parameters())

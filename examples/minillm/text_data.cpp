@@ -6,19 +6,15 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "fsdp/models/token_file.h"
+
 namespace minillm {
 namespace {
 
-// splitmix64: a tiny, well-mixed counter-based generator, so sample i of step s needs no state.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
+// The token files' counter-based draw (fsdp/models/token_file.h): sample i of step s needs
+// no state, and both trainers share the rule.
 uint64_t draw(uint64_t seed, int step, int64_t index) {
-  return mix(mix(mix(seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(index));
+  return fsdp::models::draw(seed, static_cast<uint64_t>(step), static_cast<uint64_t>(index));
 }
 
 class TextDataset final : public Dataset {

@@ -319,14 +319,21 @@ def evaluate(model, tokens, seq, batch):
     return loss
 
 
+def init_gloo(rank, world, port):
+    """Joins the gloo group of `world` ranks: at torchrun's address when it launched this
+    process (RANK set), else at 127.0.0.1:`port` for ranks spawned here."""
+    import torch.distributed as dist
+    if "RANK" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
 def train_worker(rank, world, a, done):
     import torch.distributed as dist
     torch.set_num_threads(a.threads)
     distributed = a.mode != "local"
     if distributed:
-        if "RANK" not in os.environ:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        init_gloo(rank, world, a.port)
     tokens = read_tokens(a.data_tokens, a.tokens_dtype)
     val_tokens = read_tokens(a.val_tokens, a.tokens_dtype) if a.val_tokens else None
     model = load_transformers(a.hf_dir).train()
