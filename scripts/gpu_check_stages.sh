@@ -23,12 +23,14 @@ free_port() {
 
 stage_env() {
   STAGE=env
-  nvidia-smi || true
-  local gpu
-  gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  local gpu="no nvidia-smi"
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi || true
+    gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  fi
   "$PYTHON" - > "$L/env_python.txt" 2>&1 << 'EOF'
 import os, torch
-nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "?"
+nccl = ".".join(map(str, torch.cuda.nccl.version()))  # the wheel's NCCL; needs no GPU
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
 print(f"VERSIONS torch {torch.__version__} | CUDA {torch.version.cuda} | NCCL {nccl} | {name}")
 print("SITE", os.path.dirname(os.path.dirname(torch.__file__)))
