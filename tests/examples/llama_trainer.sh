@@ -72,10 +72,10 @@ expect_error "config against weights" "mlp.gate_proj.weight" "$bin" --hf-dir "$t
 "$py" - "$tmp/broken/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["intermediate_size"] = 160
-c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+c["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
 json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "rope_scaling" "llama3" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+expect_error "rope_scaling" 'rope type "yarn" is not implemented' "$bin" --hf-dir "$tmp/broken" "${small[@]}"
 "$py" -c "import numpy as np, sys; np.array([5, 7, 4000, 9] * 20, dtype='<u2').tofile(sys.argv[1])" "$tmp/big_id.bin"
 expect_error "token id beyond the vocabulary" "4000" "$bin" --hf-dir "$tmp/model" \
   --data-tokens "$tmp/big_id.bin" --seq 8 --batch 4 --steps 1 --threads 1
@@ -86,7 +86,7 @@ mkdir "$tmp/taken"; echo keep > "$tmp/taken/mine.txt"
 expect_error "existing export directory" "exists already" "$bin" --hf-dir "$tmp/model" \
   "${small[@]}" --export-hf "$tmp/taken"
 [ "$(cat "$tmp/taken/mine.txt")" = keep ] || { echo "FAILED: the existing directory changed"; fail=1; }
-expect_error "unknown preset" "expected one of llama2-7b, llama3-8b, llama3-70b" "$bin" \
+expect_error "unknown preset" "expected one of llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.2-1b" "$bin" \
   --preset llama4 --plan
 
 [ "$fail" -eq 0 ] && echo "llama trainer: passed"

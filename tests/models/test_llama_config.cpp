@@ -3,7 +3,9 @@
 // published parameter counts.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
@@ -93,6 +95,30 @@ TEST(LlamaConfig, RopeThetaHeadDimAndDefaults) {
       with(R"("torch_dtype": "bfloat16", "eos_token_id": [7, 9], "rope_scaling": null)"), "t");
   EXPECT_EQ(c.dtype, "bfloat16");
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{7, 9}));
+  // Rotary scaling: Llama 3.1's file (transformers 4's rope_scaling beside a top-level
+  // rope_theta), the original context defaulting to max_position_embeddings, "type" for
+  // "rope_type", and rope_scaling taken whole over rope_parameters (as transformers 5.24 does).
+  c = llama::from_hf_json(with(R"("rope_theta": 500000.0, "max_position_embeddings": 131072,
+      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192, "rope_type": "llama3"})"),
+                          "t");
+  EXPECT_DOUBLE_EQ(c.rope_theta, 5e5);
+  EXPECT_EQ(c.rope_scaling, (llama::RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192}));
+  c = llama::from_hf_json(with(R"("max_position_embeddings": 512, "rope_parameters":
+      {"rope_type": "llama3", "factor": 2, "low_freq_factor": 2, "high_freq_factor": 3})"),
+                          "t");
+  EXPECT_EQ(c.rope_scaling, (llama::RopeScaling{"llama3", 2.0, 2.0, 3.0, 512}));
+  c = llama::from_hf_json(with(R"("rope_scaling": {"type": "linear", "factor": 2.5},
+      "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 7.0})"),
+                          "t");
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 2.5);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  c = llama::from_hf_json(with(R"("rope_scaling": {}, "rope_parameters": {"rope_type": "linear",
+      "factor": 4.0})"),
+                          "t");
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(llama::from_hf_json(with(""), "t").rope_scaling, llama::RopeScaling{});
   // num_key_value_heads defaults to the heads (llama only).
   c = llama::from_hf_json(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
       "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})",
@@ -128,16 +154,44 @@ TEST(LlamaConfig, RoundTripsThroughConfigJson) {
         R"("model_type": "llama")", R"("dtype": "bfloat16")", R"("head_dim": 20)"}) {
     EXPECT_NE(text.find(key), std::string::npos) << key << " not in\n" << text;
   }
+  // Rotary scaling round-trips, written both as rope_parameters and as the rope_scaling mlx_lm
+  // reads; none is written for the default type.
+  EXPECT_EQ(text.find("rope_scaling"), std::string::npos);
+  for (const auto& scaling : {llama::RopeScaling{"linear", 2.5, 1.0, 4.0, 0},
+                              llama::RopeScaling{"llama3", 32.0, 1.5, 4.5, 100}}) {
+    c.rope_scaling = scaling;
+    text = llama::to_hf_json(c);
+    back = llama::from_hf_json(text, "round trip");
+    EXPECT_EQ(back.rope_scaling, scaling);
+    EXPECT_EQ(llama::to_hf_json(back), text);
+    EXPECT_NE(text.find(R"("rope_scaling": {)"), std::string::npos) << text;
+    EXPECT_NE(text.find(R"("rope_type": ")" + scaling.type + "\""), std::string::npos) << text;
+  }
   // The default head size is written too, as transformers does.
   EXPECT_NE(llama::to_hf_json(tiny_llama()).find(R"("head_dim": 14)"), std::string::npos);
 }
 
 TEST(LlamaConfig, RejectsWhatChangesTheMathByName) {
   const std::pair<std::string, std::string> cases[] = {
-      {with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"), "rope type \"llama3\""},
-      {with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"), "rope type \"linear\""},
+      {with(R"("rope_scaling": {"rope_type": "dynamic", "factor": 8.0})"),
+       "rope type \"dynamic\" is not implemented"},
+      {with(R"("rope_scaling": {"type": "longrope", "factor": 2.0})"), "rope type \"longrope\""},
       {with(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 1.0})"),
        "\"rope_parameters\": rope type \"yarn\""},
+      {with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
+       "rope type \"llama3\" needs \"low_freq_factor\""},
+      {with(R"("rope_scaling": {"rope_type": "linear"})"), "rope type \"linear\" needs \"factor\""},
+      {with(R"("rope_scaling": {"rope_type": "linear", "factor": "2"})"),
+       "\"rope_scaling.factor\" is \"2\", expected a number"},
+      {with(R"("rope_scaling": {"rope_type": "linear", "factor": 0})"),
+       "rope factor is 0, expected > 0"},
+      {with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4,
+               "high_freq_factor": 4})"),
+       "low_freq_factor 4 and high_freq_factor 4, expected 0 < low < high"},
+      {with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+               "high_freq_factor": 4, "original_max_position_embeddings": 8192.5})"),
+       "\"rope_scaling.original_max_position_embeddings\" is 8192.5, expected an integer"},
+      {with(R"("rope_scaling": {"rope_type": 3})"), "\"rope_scaling.rope_type\" is 3"},
       {with(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"),
        "partial_rotary_factor 0.5"},
       {with(R"("sliding_window": 4096)"), "\"sliding_window\" is 4096"},
@@ -200,8 +254,62 @@ TEST(LlamaConfig, PresetsHaveThePublishedParameterCounts) {
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama2-7b")), 6738415616);
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3-8b")), 8030261248);
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3-70b")), 70553706496);
+  EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3.1-8b")), 8030261248);
+  EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3.2-1b")), 1235814400);  // tied
+  EXPECT_EQ(llama::preset_config("llama3.2-1b")->rope_scaling,
+            (llama::RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192}));
   EXPECT_FALSE(llama::preset_config("llama4").has_value());
-  EXPECT_EQ(llama::preset_names().size(), 3u);
+  EXPECT_EQ(llama::preset_names().size(), 5u);
+  for (const auto& name : llama::preset_names()) {
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(llama::validate(*llama::preset_config(name)));
+  }
+}
+
+// The rotary angle of position 1 is each inverse frequency: checked against the scaling
+// formulas evaluated in double (llama_config.h), at a size where llama3's three bands all occur
+// (head 16, theta 10000: wavelengths 6.3, 19.9, 62.8, 199, ...; bands at 64/4 and 64/1).
+TEST(LlamaConfig, RotaryScalingFollowsItsFormulas) {
+  llama::Config c = tiny_llama();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 4;
+  c.head_dim = 16;
+  c.rope_theta = 10000.0;
+  auto inverse_frequencies = [&] {
+    auto [cos, sin] = llama::rotary_cos_sin(c, 2, torch::kDouble, torch::kCPU);
+    auto angle = torch::atan2(sin[0][1], cos[0][1]).slice(0, 0, 8);  // the two halves repeat
+    return std::vector<double>(angle.data_ptr<double>(), angle.data_ptr<double>() + 8);
+  };
+  auto expect = [&](const std::function<double(double)>& scale) {
+    auto got = inverse_frequencies();
+    for (int i = 0; i < 8; ++i) {
+      const double inv = std::pow(10000.0, -2.0 * i / 16);
+      EXPECT_NEAR(got[i], scale(inv), 1e-6 * inv) << "i " << i;
+    }
+  };
+  expect([](double inv) { return inv; });
+  c.rope_scaling = {"linear", 4.0, 1.0, 4.0, 0};
+  expect([](double inv) { return inv / 4; });
+  c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 64};
+  int bands[3] = {0, 0, 0};
+  expect([&](double inv) {
+    const double w = 2 * M_PI / inv;
+    if (w < 64 / 4.0) {
+      ++bands[0];
+      return inv;
+    }
+    if (w > 64 / 1.0) {
+      ++bands[2];
+      return inv / 8;
+    }
+    ++bands[1];
+    const double s = (64 / w - 1.0) / (4.0 - 1.0);
+    return (1 - s) * inv / 8 + s * inv;
+  });
+  EXPECT_EQ(bands[0], 1);
+  EXPECT_EQ(bands[1], 2);
+  EXPECT_EQ(bands[2], 5);
 }
 
 TEST(LlamaConfig, ReadsAFileOrADirectory) {

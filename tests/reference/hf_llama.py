@@ -159,9 +159,9 @@ def transformers_logits(model, inputs):
 
 
 def load_mlx(hf_dir):
-    """mlx_lm's llama in fp32. tie_word_embeddings and rope_theta are passed explicitly: mlx_lm
-    defaults tie_word_embeddings to True (transformers to False) and reads only a top-level
-    rope_theta (transformers 5 writes rope_parameters)."""
+    """mlx_lm's llama in fp32. tie_word_embeddings, rope_theta and rope_scaling are passed
+    explicitly: mlx_lm defaults tie_word_embeddings to True (transformers to False) and reads
+    only a top-level rope_theta and rope_scaling (transformers 5 writes rope_parameters)."""
     cfg = hf_config(hf_dir)
     try:
         import mlx.core as mx
@@ -170,11 +170,12 @@ def load_mlx(hf_dir):
         raise Fail(f"MLX is not installed ({e}): pip install 'mlx[cpu]' mlx-lm")
     from pathlib import Path
     override = {"tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False))}
-    rope = cfg.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise Fail(f"{hf_dir}: rope_type {rope.get('rope_type')!r}: only 'default' is checked here")
+    # transformers takes rope_scaling whole when given, else rope_parameters.
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if "rope_theta" in rope:
         override["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        override["rope_scaling"] = rope
     model, _ = load_model(Path(hf_dir), model_config=override)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
@@ -222,8 +223,11 @@ def val_loss(logits_fn, tokens, seq, batch):
 def make_tiny(out, vocab, hidden, layers, heads, kv_heads, intermediate, tied=False, seed=0,
               dtype="fp32", max_shard_size=None, tokenizer=None, head_dim=None, rope_theta=10000.0,
               attention_bias=False, mlp_bias=False, init_std=0.1, max_position=2048,
-              rms_norm_eps=1e-5, force=False):
-    """Writes a random LlamaForCausalLM to `out` with save_pretrained (safetensors); returns out."""
+              rms_norm_eps=1e-5, force=False, rope_scaling=None, rope_key="rope_parameters"):
+    """Writes a random LlamaForCausalLM to `out` with save_pretrained (safetensors); returns out.
+    rope_scaling: a rotary scaling ({"rope_type": "llama3", "factor": ...}); rope_key
+    "rope_scaling" writes it as Llama 3.1's files do (transformers 4's key beside a top-level
+    rope_theta, no rope_parameters) instead of transformers 5's rope_parameters."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
     logging.set_verbosity_error()
@@ -252,7 +256,8 @@ def make_tiny(out, vocab, hidden, layers, heads, kv_heads, intermediate, tied=Fa
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv_heads, intermediate_size=intermediate, head_dim=head_dim,
-        tie_word_embeddings=tied, rope_theta=rope_theta, attention_bias=attention_bias,
+        tie_word_embeddings=tied, attention_bias=attention_bias,
+        rope_parameters={"rope_type": "default", **(rope_scaling or {}), "rope_theta": rope_theta},
         mlp_bias=mlp_bias, initializer_range=init_std, max_position_embeddings=max_position,
         rms_norm_eps=rms_norm_eps, **special)
     torch.manual_seed(seed)
@@ -275,6 +280,9 @@ def make_tiny(out, vocab, hidden, layers, heads, kv_heads, intermediate, tied=Fa
         cfg = json.load(f)
     cfg["rope_theta"] = float(rope_theta)
     cfg["tie_word_embeddings"] = bool(tied)
+    if rope_key == "rope_scaling":
+        del cfg["rope_parameters"]
+        cfg["rope_scaling"] = dict(rope_scaling)
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -432,7 +440,7 @@ def save_final(model, a, rank):
         cfg = json.load(f)
     with open(os.path.join(a.hf_dir, "config.json")) as f:
         src = json.load(f)
-    for k in ["rope_theta", "tie_word_embeddings"]:  # keep what mlx_lm reads
+    for k in ["rope_theta", "rope_scaling", "tie_word_embeddings"]:  # keep what mlx_lm reads
         if k in src:
             cfg[k] = src[k]
     with open(cfg_path, "w") as f:

@@ -3,11 +3,12 @@
   python llama_logits_check.py --cpp build/bin/llama_logits [--work DIR] [--keep]
       logits: tiny random models saved by transformers (GQA, MQA, tied and untied, vocab 1001,
       fp32/bf16/fp16 storage, sharded files, attention and MLP biases, head_dim != hidden/heads,
-      Mistral, Qwen2) loaded by the C++ program at world 1 (and 3: sharded over thread ranks); its
+      rotary scaling llama3 (as Llama 3.1's files write it) and linear, Mistral, Qwen2) loaded
+      by the C++ program at world 1 (and 3: sharded over thread ranks); its
       logits must be within 1e-5 relative (max |diff| / max |logit|) of transformers'.
   python llama_logits_check.py --cpp build/bin/llama_logits --export
-      exports: random models built by the C++ program from a config.json (untied and tied, at
-      world 2, saved sharded by save_hf_checkpoint, fp32 and bf16) must load in transformers
+      exports: random models built by the C++ program from a config.json (untied, tied, and
+      with llama3 rotary scaling, at world 2, saved sharded by save_hf_checkpoint, fp32 and bf16) must load in transformers
       with the same logits (1e-5) and give the C++ validation loss under transformers (1e-5) and
       MLX (1e-4, when installed).
 
@@ -24,6 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_llama  # noqa: E402
 
 SEQ, COUNT, VOCAB = 32, 4, 1001
+# Llama 3.1's rotary scaling with a 64-token original context: at head size 16 and theta 10000
+# the wavelengths 6.3 / 19.9, 62.8 / 199 and above fall in its three bands (< 16, 16-64, > 64).
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 TOLERANCE = 1e-5
 MLX_TOLERANCE = 1e-4
 
@@ -91,6 +96,12 @@ def make_cases(work):
                   tiny("bias_headdim_fp16", kv_heads=1, head_dim=24, attention_bias=True,
                        mlp_bias=True, dtype="fp16", rms_norm_eps=1e-6), 1))
     cases.append(("llama MHA, rope_theta 500000", tiny("mha", rope_theta=500000.0), 1))
+    cases.append(("llama rope_scaling llama3 (Llama 3.1's layout)",
+                  tiny("rope_llama3", kv_heads=2, rope_scaling=LLAMA3_ROPE,
+                       rope_key="rope_scaling"), 1))
+    cases.append(("llama rope_parameters linear, factor 4",
+                  tiny("rope_linear", kv_heads=2,
+                       rope_scaling={"rope_type": "linear", "factor": 4.0}), 2))
     from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -119,11 +130,13 @@ def check_logits(cpp, work):
     return rows
 
 
-def export_config(path, tied):
+def export_config(path, tied, rope_scaling=None):
     cfg = {"model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64,
            "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
            "initializer_range": 0.1, "tie_word_embeddings": tied}
+    if rope_scaling:
+        cfg["rope_scaling"] = rope_scaling
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
@@ -162,9 +175,9 @@ def check_exports(cpp, work):
         have_mlx = False
         print("MLX is not installed: the MLX rows are skipped")
     rows = []
-    for tied in (False, True):
-        label = "tied" if tied else "untied"
-        cfg = export_config(os.path.join(work, f"config_{label}.json"), tied)
+    for label, tied, rope in (("untied", False, None), ("tied", True, None),
+                              ("llama3-rope", False, LLAMA3_ROPE)):
+        cfg = export_config(os.path.join(work, f"config_{label}.json"), tied, rope)
         exported = os.path.join(work, f"export_{label}")
         cpp_out = os.path.join(work, f"cpp_export_{label}.safetensors")
         run_cpp(cpp, "--config", cfg, "--seed", 3, "--world", 2, "--tokens", tokens_path,

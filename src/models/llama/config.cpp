@@ -80,31 +80,64 @@ TypeDefaults defaults_of(const std::string& model_type) {
   return {2048, 1, 2};
 }
 
-// rope_scaling (transformers 4) and rope_parameters (5): only the default rotary embedding is
-// implemented; any other type rescales the frequencies.
-void check_rope(const Fields& f, const char* key, Config& c) {
+// The rotary parameters (llama_config.h): transformers 5.24 takes "rope_scaling" when it is a
+// non-empty object and "rope_parameters" otherwise (convert_rope_params_to_dict), never a mix.
+void read_rope(const Fields& f, Config& c) {
+  const auto usable = [&](const char* key) {
+    return f.has(key) && !(f.at(key).is_object() && f.at(key).empty());
+  };
+  const char* key = usable("rope_scaling") ? "rope_scaling" : "rope_parameters";
   if (!f.has(key)) return;
   const json& rope = f.at(key);
   if (!rope.is_object()) f.fail(fmt::format("\"{}\" is {}, expected an object", key, rope.dump()));
-  for (const char* type_key : {"rope_type", "type"}) {
-    if (rope.contains(type_key) && !rope[type_key].is_null() && rope[type_key] != json("default")) {
-      f.fail(
-          fmt::format("\"{}\": rope type {} is not implemented (only \"default\": no RoPE "
-                      "scaling)",
-                      key, rope[type_key].dump()));
+  auto number = [&](const char* field) -> std::optional<double> {
+    if (!rope.contains(field) || rope[field].is_null()) return std::nullopt;
+    if (!rope[field].is_number()) {
+      f.fail(fmt::format("\"{}.{}\" is {}, expected a number", key, field, rope[field].dump()));
+    }
+    return rope[field].get<double>();
+  };
+  auto required = [&](const char* field, const std::string& type) {
+    auto v = number(field);
+    if (!v) f.fail(fmt::format("\"{}\": rope type \"{}\" needs \"{}\"", key, type, field));
+    return *v;
+  };
+  RopeScaling& r = c.rope_scaling;
+  for (const char* type_key : {"rope_type", "type"}) {  // rope_type wins, as in transformers
+    if (rope.contains(type_key) && !rope[type_key].is_null()) {
+      if (!rope[type_key].is_string()) {
+        f.fail(fmt::format("\"{}.{}\" is {}, expected a string", key, type_key,
+                           rope[type_key].dump()));
+      }
+      r.type = rope[type_key].get<std::string>();
+      break;
     }
   }
-  if (rope.contains("partial_rotary_factor") && rope["partial_rotary_factor"] != json(1.0)) {
+  if (r.type == "linear") {
+    r.factor = required("factor", r.type);
+  } else if (r.type == "llama3") {
+    r.factor = required("factor", r.type);
+    r.low_freq_factor = required("low_freq_factor", r.type);
+    r.high_freq_factor = required("high_freq_factor", r.type);
+    // Absent: transformers takes max_position_embeddings (standardize_rope_params).
+    r.original_max_position_embeddings = c.max_position_embeddings;
+    if (rope.contains("original_max_position_embeddings") &&
+        !rope["original_max_position_embeddings"].is_null()) {
+      r.original_max_position_embeddings =
+          f.as_integer(rope["original_max_position_embeddings"],
+                       fmt::format("{}.original_max_position_embeddings", key));
+    }
+  } else if (r.type != "default") {
+    f.fail(
+        fmt::format("\"{}\": rope type \"{}\" is not implemented (implemented: \"default\", "
+                    "\"linear\", \"llama3\")",
+                    key, r.type));
+  }
+  if (auto partial = number("partial_rotary_factor"); partial && *partial != 1.0) {
     f.fail(fmt::format("\"{}\": partial_rotary_factor {} is not implemented (only 1)", key,
                        rope["partial_rotary_factor"].dump()));
   }
-  if (rope.contains("rope_theta")) {
-    if (!rope["rope_theta"].is_number()) {
-      f.fail(fmt::format("\"{}.rope_theta\" is {}, expected a number", key,
-                         rope["rope_theta"].dump()));
-    }
-    c.rope_theta = rope["rope_theta"].get<double>();
-  }
+  if (auto theta = number("rope_theta")) c.rope_theta = *theta;
 }
 
 // Sliding-window attention changes the causal mask; accepted only where no layer uses it.
@@ -196,6 +229,24 @@ void validate(const Config& c) {
   FSDP_CHECK_ARG(c.rms_norm_eps > 0, "llama config: rms_norm_eps is {}, expected > 0",
                  c.rms_norm_eps);
   FSDP_CHECK_ARG(c.rope_theta > 0, "llama config: rope_theta is {}, expected > 0", c.rope_theta);
+  const RopeScaling& r = c.rope_scaling;
+  FSDP_CHECK_ARG(r.type == "default" || r.type == "linear" || r.type == "llama3",
+                 "llama config: rope type \"{}\" is not implemented (implemented: \"default\", "
+                 "\"linear\", \"llama3\")",
+                 r.type);
+  if (r.type != "default") {
+    FSDP_CHECK_ARG(r.factor > 0, "llama config: rope factor is {}, expected > 0", r.factor);
+  }
+  if (r.type == "llama3") {
+    // The smoothing divides by high - low and the wavelength bounds by each factor.
+    FSDP_CHECK_ARG(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                   "llama config: llama3 rope low_freq_factor {} and high_freq_factor {}, "
+                   "expected 0 < low < high",
+                   r.low_freq_factor, r.high_freq_factor);
+    FSDP_CHECK_ARG(r.original_max_position_embeddings > 0,
+                   "llama config: llama3 rope original_max_position_embeddings is {}, expected > 0",
+                   r.original_max_position_embeddings);
+  }
   FSDP_CHECK_ARG(c.initializer_range >= 0, "llama config: initializer_range is {}, expected >= 0",
                  c.initializer_range);
   FSDP_CHECK_ARG(c.model_type != "mistral" || (!c.attention_bias && !c.mlp_bias),
@@ -247,8 +298,7 @@ Config from_hf_json(const std::string& json_text, const std::string& source) {
   c.max_position_embeddings = f.integer("max_position_embeddings", d.max_position_embeddings);
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   c.rope_theta = f.number("rope_theta", 10000.0);
-  check_rope(f, "rope_scaling", c);
-  check_rope(f, "rope_parameters", c);  // transformers 5's, read last: it wins
+  read_rope(f, c);
   check_sliding_window(f, c);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   c.attention_bias = f.boolean("attention_bias", false);
@@ -326,7 +376,17 @@ std::string to_hf_json(const Config& c) {
   j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
   j["pretraining_tp"] = 1;
   j["rms_norm_eps"] = c.rms_norm_eps;
-  j["rope_parameters"] = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
+  json rope = {{"rope_theta", c.rope_theta}, {"rope_type", c.rope_scaling.type}};
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type != "default") rope["factor"] = r.factor;
+  if (r.type == "llama3") {
+    rope["low_freq_factor"] = r.low_freq_factor;
+    rope["high_freq_factor"] = r.high_freq_factor;
+    rope["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
+  j["rope_parameters"] = rope;
+  // transformers takes rope_scaling first (the same object); mlx_lm reads only rope_scaling.
+  if (r.type != "default") j["rope_scaling"] = rope;
   j["rope_theta"] = c.rope_theta;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["use_cache"] = true;
@@ -378,9 +438,32 @@ std::optional<Config> preset_config(const std::string& name) {
     }
     return c;
   }
+  // meta-llama/Llama-3.1-8B and Llama-3.2-1B: Llama 3's layers with the llama3 rope scaling
+  // for a 131072-token context.
+  if (name == "llama3.1-8b" || name == "llama3.2-1b") {
+    c.vocab_size = 128256;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000.0;
+    c.rope_scaling = {"llama3", name == "llama3.1-8b" ? 8.0 : 32.0, 1.0, 4.0, 8192};
+    c.bos_token_id = 128000;
+    c.eos_token_ids = {128001};  // the base models' (the Instruct ones list 128008, 128009 too)
+    if (name == "llama3.1-8b") {
+      c.intermediate_size = 14336;
+    } else {
+      c.hidden_size = 2048;
+      c.intermediate_size = 8192;
+      c.num_hidden_layers = 16;
+      c.head_dim = 64;
+      c.tie_word_embeddings = true;
+    }
+    return c;
+  }
   return std::nullopt;
 }
 
-std::vector<std::string> preset_names() { return {"llama2-7b", "llama3-8b", "llama3-70b"}; }
+std::vector<std::string> preset_names() {
+  return {"llama2-7b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.2-1b"};
+}
 
 }  // namespace fsdp::models::llama

@@ -77,16 +77,42 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(input_dtype);
 }
 
+namespace {
+
+// The rotary inverse frequencies, fp32 on the CPU (transformers makes the buffer at
+// construction), with the operations transformers 5.24's modeling_rope_utils.py applies, in its
+// order, so that the values are the same bits. Python's `s / t` for a number s is
+// t.reciprocal() * s (Tensor.__rdiv__), and `s - t` is rsub(t, s).
+torch::Tensor rotary_inverse_frequencies(const Config& c) {
+  const int64_t dim = c.head_size();
+  // compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2, float) / dim)).
+  auto exponent = torch::arange(0, dim, 2, torch::kFloat) / dim;
+  auto inv_freq = torch::pow(c.rope_theta, exponent).reciprocal();
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type == "linear") return inv_freq / r.factor;  // _compute_linear_scaling_rope_parameters
+  if (r.type != "llama3") return inv_freq;
+  // _compute_llama3_parameters.
+  const double old_context = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / r.low_freq_factor;
+  const double high_freq_wavelen = old_context / r.high_freq_factor;
+  auto wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  auto smooth = (wavelen.reciprocal() * old_context - r.low_freq_factor) /
+                (r.high_freq_factor - r.low_freq_factor);
+  auto smoothed = torch::rsub(smooth, 1) * scaled / r.factor + smooth * scaled;
+  auto medium =
+      (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
+  return torch::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& c, int64_t seq,
                                                        torch::ScalarType dtype,
                                                        torch::Device device) {
-  const int64_t dim = c.head_size();
-  // compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2, float) / dim)), on the
-  // CPU (the buffer is made at construction); Python's 1.0 / t is t.reciprocal() * 1.0.
-  auto exponent = torch::arange(0, dim, 2, torch::kFloat) / dim;
-  auto inv_freq = torch::pow(c.rope_theta, exponent).reciprocal().to(device);
+  auto inv_freq = rotary_inverse_frequencies(c).to(device);
   // LlamaRotaryEmbedding.forward: position_ids[..., None].float() * inv_freq, in fp32;
-  // attention_scaling is 1.0 for the default type (a multiplication that changes nothing).
+  // attention_scaling is 1.0 for the implemented types (a multiplication that changes nothing).
   auto positions = torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(device));
   auto freqs = positions.unsqueeze(0).unsqueeze(-1).to(torch::kFloat) * inv_freq;
   auto emb = torch::cat({freqs, freqs}, -1);
