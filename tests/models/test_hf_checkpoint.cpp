@@ -1,6 +1,6 @@
 // Hugging Face directories on thread ranks: saved sharded (small files) from a model sharded at
-// one world size, loaded into a model sharded at another, every parameter bit for bit; bf16
-// files; tied heads; tokenizer files; and every broken directory named on every rank, with
+// one world size, loaded into a model sharded at another, every parameter bit for bit; hybrid
+// sharding both ways; bf16 files; tied heads; tokenizer files; and every broken directory named on every rank, with
 // nothing changed and nothing left behind.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -202,6 +202,81 @@ TEST(HfCheckpoint, Bf16FilesAndOneFile) {
     }
   });
   remove_all(dir);
+}
+
+// Hybrid sharding (2 replicas x 2 shards at world 4): saved, the files hold exactly what a
+// plain save holds (each tensor once, bit for bit: replica 0's rows, not one copy per
+// replica); loaded, every replica gets the whole model.
+TEST(HfCheckpoint, HybridShardedSavesAndLoads) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    auto c = tiny_llama(tied);
+    const auto want = reference_state(c);
+    auto hybrid_model = [&](const DeviceMesh& mesh, bool random_init) {
+      llama::BuildOptions o;
+      o.random_init = random_init;
+      o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
+        fully_shard(layer, mesh);
+      };
+      auto model = build_seeded(c, kSeed, o);
+      fully_shard(model, mesh);
+      return model;
+    };
+    const std::string dir = scratch_path("hybrid");
+    llama::HfSaveOptions o;
+    o.max_shard_bytes = 40'000;
+    run_local_ranks(
+        4,
+        [&](const ProcessGroupPtr& pg) {
+          auto model = hybrid_model(make_device_mesh(pg, 2), /*random_init=*/true);
+          llama::save_hf_checkpoint(dir, *model, c, pg, o);
+        },
+        test_options());
+    const std::string plain = scratch_path("plain");
+    run_local_ranks(
+        2,
+        [&](const ProcessGroupPtr& pg) {
+          auto model = sharded_model(c, pg, /*random_init=*/true);
+          llama::save_hf_checkpoint(plain, *model, c, pg, o);
+        },
+        test_options());
+    auto files = llama::hf_weight_files(dir);
+    ASSERT_EQ(files, llama::hf_weight_files(plain));
+    for (const auto& f : files)
+      EXPECT_EQ(read_file(dir + "/" + f), read_file(plain + "/" + f)) << f;
+    // Into a plain model at world 3, and into each replica of a hybrid model.
+    run_local_ranks(
+        3,
+        [&](const ProcessGroupPtr& pg) {
+          auto model = sharded_model(c, pg, /*random_init=*/false);
+          llama::load_hf_weights(dir, *model, pg);
+          auto got = get_full_model_state_dict(*model, pg);
+          if (pg->rank() == 0) expect_same_tensors(got, want);
+        },
+        test_options());
+    run_local_ranks(
+        4,
+        [&](const ProcessGroupPtr& pg) {
+          auto mesh = make_device_mesh(pg, 2);
+          auto model = hybrid_model(mesh, /*random_init=*/false);
+          llama::load_hf_weights(plain, *model, pg);
+          // Each rank's own rows, in both replicas (a gather could read replica 0 only).
+          int checked = 0;
+          for (const auto& [name, shard] : get_model_state_dict(*model)) {
+            for (const auto& [want_name, full] : want) {
+              if (want_name != name) continue;
+              EXPECT_EQ(shard.replica, mesh.replicate->rank()) << name;
+              auto rows = shard.replicated ? full : full.narrow(0, shard.row_offset, shard.rows());
+              EXPECT_TRUE(torch::equal(shard.local, rows)) << name << " on rank " << pg->rank();
+              ++checked;
+            }
+          }
+          EXPECT_EQ(checked, static_cast<int>(want.size()));
+        },
+        test_options());
+    remove_all(dir);
+    remove_all(plain);
+  }
 }
 
 TEST(HfCheckpoint, LoadHfModelShardsAsItBuilds) {
