@@ -98,6 +98,18 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   return b;
 }
 
+// A rotary scaling as a model card states it, so that a user sees it was read (nothing for
+// the default).
+std::string rope_summary(const ll::Config& c) {
+  const auto& r = c.rope_scaling;
+  if (r.type == "linear") return fmt::format(" rope linear x{:g},", r.factor);
+  if (r.type == "llama3") {
+    return fmt::format(" rope llama3 x{:g} (original context {}),", r.factor,
+                       r.original_max_position_embeddings);
+  }
+  return "";
+}
+
 trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
   trainer::PlanModel m;
   m.describe =
@@ -151,12 +163,13 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   task.vocab = vocab;
   task.train = train.get();
   task.validation = val.get();
-  task.info = {"Llama",
-               fmt::format("vocab {} hidden {} layers {} heads {} kv heads {} intermediate {}{}",
-                           vocab, b.config.hidden_size, b.config.num_hidden_layers,
-                           b.config.num_attention_heads, b.config.num_key_value_heads,
-                           b.config.intermediate_size, b.config.tie_word_embeddings ? " tied" : ""),
-               ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
+  task.info = {
+      "Llama",
+      fmt::format("vocab {} hidden {} layers {} heads {} kv heads {} intermediate {}{}{}", vocab,
+                  b.config.hidden_size, b.config.num_hidden_layers, b.config.num_attention_heads,
+                  b.config.num_key_value_heads, b.config.intermediate_size,
+                  b.config.tie_word_embeddings ? " tied" : "", rope_summary(b.config)),
+      ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
   task.finish = [&] {
     if (o.export_hf.empty()) return;
     ll::HfSaveOptions save;

@@ -5,7 +5,8 @@ can be checked against the real outside programs.
   python hf_llama.py make-tiny --out DIR --vocab 1001 --hidden 64 --layers 2 --heads 4 \
       --kv-heads 2 --intermediate 128 [--tied] [--seed 0] [--dtype fp32|bf16|fp16] \
       [--max-shard-size 200KB] [--tokenizer tokenizer.model] [--head-dim D] [--rope-theta T] \
-      [--attention-bias] [--mlp-bias] [--init-std 0.1] [--force]
+      [--attention-bias] [--mlp-bias] [--init-std 0.1] [--force] \
+      [--rope-scaling '{"rope_type": "llama3", "factor": 8, ...}' [--rope-key rope_scaling]]
   python hf_llama.py logits --hf-dir DIR --tokens val.bin --seq 32 --count 4 --out logits.safetensors \
       [--framework transformers|mlx] [--tokens-dtype uint16|uint32]
   python hf_llama.py val-loss --framework transformers|mlx --hf-dir DIR --tokens val.bin --seq 32 [--json]
@@ -550,7 +551,8 @@ def cmd_fsdp2_grads(a):
 def cmd_make_tiny(a):
     make_tiny(a.out, a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.tied, a.seed,
               a.dtype, a.max_shard_size, a.tokenizer, a.head_dim, a.rope_theta, a.attention_bias,
-              a.mlp_bias, a.init_std, a.max_position, a.rms_norm_eps, a.force)
+              a.mlp_bias, a.init_std, a.max_position, a.rms_norm_eps, a.force,
+              json.loads(a.rope_scaling) if a.rope_scaling else None, a.rope_key)
     files = sorted(os.listdir(a.out))
     n = sum(p.numel() for p in load_transformers(a.out).parameters())
     print(f"wrote {a.out}: {n} parameters, {', '.join(files)}")
@@ -612,6 +614,13 @@ def parser():
     m.add_argument("--max-shard-size", help="e.g. 200KB: forces sharded files and an index")
     m.add_argument("--tokenizer", help="a SentencePiece tokenizer.model to copy in")
     m.add_argument("--rope-theta", type=float, default=10000.0)
+    m.add_argument("--rope-scaling", help="a rotary scaling as JSON, e.g. Llama 3.1's "
+                   "'{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                   "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}'")
+    m.add_argument("--rope-key", choices=["rope_parameters", "rope_scaling"],
+                   default="rope_parameters", help="where config.json holds it: transformers 5's "
+                   "rope_parameters, or rope_scaling beside a top-level rope_theta as Llama 3.1's "
+                   "files do")
     m.add_argument("--attention-bias", action="store_true")
     m.add_argument("--mlp-bias", action="store_true")
     m.add_argument("--init-std", type=float, default=0.1)
