@@ -30,7 +30,10 @@ stage_env() {
   fi
   "$PYTHON" - > "$L/env_python.txt" 2>&1 << 'EOF'
 import os, torch
-nccl = ".".join(map(str, torch.cuda.nccl.version()))  # the wheel's NCCL; needs no GPU
+try:  # the wheel's NCCL; needs no GPU, but a CPU-only wheel has none
+    nccl = ".".join(map(str, torch.cuda.nccl.version()))
+except Exception:
+    nccl = "?"
 name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU visible"
 print(f"VERSIONS torch {torch.__version__} | CUDA {torch.version.cuda} | NCCL {nccl} | {name}")
 print("SITE", os.path.dirname(os.path.dirname(torch.__file__)))

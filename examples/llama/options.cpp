@@ -86,8 +86,9 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "model.safetensors.index.json): start from its weights");
   app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
   app.add_option("--preset", o.preset,
-                 "A published configuration (llama2-7b, llama3-8b, llama3-70b; Meta's "
-                 "config.json values, no weights): random weights, or what --plan needs");
+                 fmt::format("A published configuration ({}; Meta's config.json values, no "
+                             "weights): random weights, or what --plan needs",
+                             fmt::join(fsdp::models::llama::preset_names(), ", ")));
   app.add_option("--data-tokens", o.data_tokens,
                  "Training tokens: little-endian token ids, one after another "
                  "(scripts/tokenize_text.py writes them)");

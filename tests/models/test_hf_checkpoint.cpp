@@ -1,7 +1,7 @@
 // Hugging Face directories on thread ranks: saved sharded (small files) from a model sharded at
 // one world size, loaded into a model sharded at another, every parameter bit for bit; hybrid
-// sharding both ways; bf16 files; tied heads; tokenizer files; and every broken directory named on every rank, with
-// nothing changed and nothing left behind.
+// sharding both ways; bf16 files; tied heads; tokenizer files; and every broken directory named on
+// every rank, with nothing changed and nothing left behind.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -228,7 +228,13 @@ TEST(HfCheckpoint, HybridShardedSavesAndLoads) {
     run_local_ranks(
         4,
         [&](const ProcessGroupPtr& pg) {
-          auto model = hybrid_model(make_device_mesh(pg, 2), /*random_init=*/true);
+          auto mesh = make_device_mesh(pg, 2);
+          auto model = hybrid_model(mesh, /*random_init=*/true);
+          // Replica 1's rows made different: only replica 0's may reach the files.
+          if (mesh.replicate->rank() == 1) {
+            torch::NoGradGuard no_grad;
+            for (auto& [name, shard] : get_model_state_dict(*model)) shard.local.add_(1);
+          }
           llama::save_hf_checkpoint(dir, *model, c, pg, o);
         },
         test_options());

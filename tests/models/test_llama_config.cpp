@@ -119,6 +119,13 @@ TEST(LlamaConfig, RopeThetaHeadDimAndDefaults) {
                           "t");
   EXPECT_EQ(c.rope_scaling.type, "linear");
   EXPECT_EQ(llama::from_hf_json(with(""), "t").rope_scaling, llama::RopeScaling{});
+  // A top-level original_max_position_embeddings wins (transformers' standardize_rope_params),
+  // and a whole number written as a float is one.
+  c = llama::from_hf_json(with(R"("original_max_position_embeddings": 4096.0, "rope_scaling":
+      {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+       "original_max_position_embeddings": 8192})"),
+                          "t");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
   // num_key_value_heads defaults to the heads (llama only).
   c = llama::from_hf_json(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
       "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})",
@@ -192,6 +199,11 @@ TEST(LlamaConfig, RejectsWhatChangesTheMathByName) {
                "high_freq_factor": 4, "original_max_position_embeddings": 8192.5})"),
        "\"rope_scaling.original_max_position_embeddings\" is 8192.5, expected an integer"},
       {with(R"("rope_scaling": {"rope_type": 3})"), "\"rope_scaling.rope_type\" is 3"},
+      {with(R"("rope_scaling": {"rope_type": null, "type": "linear", "factor": 2})"),
+       "\"rope_scaling.rope_type\" is null, expected a string"},
+      {with(R"("rope_parameters": {"rope_type": "default", "rope_theta": null})"),
+       "\"rope_parameters.rope_theta\" is null"},
+      {with(R"("partial_rotary_factor": 0.5)"), "\"partial_rotary_factor\" is 0.5"},
       {with(R"("rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5})"),
        "partial_rotary_factor 0.5"},
       {with(R"("sliding_window": 4096)"), "\"sliding_window\" is 4096"},
@@ -255,6 +267,9 @@ TEST(LlamaConfig, PresetsHaveThePublishedParameterCounts) {
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3-8b")), 8030261248);
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3-70b")), 70553706496);
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3.1-8b")), 8030261248);
+  EXPECT_EQ(llama::preset_config("llama3.1-8b")->rope_scaling,
+            (llama::RopeScaling{"llama3", 8.0, 1.0, 4.0, 8192}));
+  EXPECT_EQ(llama::preset_config("llama3.1-8b")->max_position_embeddings, 131072);
   EXPECT_EQ(llama::parameter_count(*llama::preset_config("llama3.2-1b")), 1235814400);  // tied
   EXPECT_EQ(llama::preset_config("llama3.2-1b")->rope_scaling,
             (llama::RopeScaling{"llama3", 32.0, 1.0, 4.0, 8192}));

@@ -95,7 +95,10 @@ void validate(const Config& config);
 // The rotary parameters come, as transformers 5.24 takes them, from "rope_scaling" when it is a
 // non-empty object (transformers 4's key, which Llama 3.1's files use), else from
 // "rope_parameters" (transformers 5's): the type from "rope_type", else "type", else
-// "default"; rope_theta from that object, else the top-level rope_theta, else 10000;
+// "default"; rope_theta from that object, else the top-level rope_theta, else 10000; llama3's
+// original context from a top-level original_max_position_embeddings, else that object's, else
+// max_position_embeddings. A null type or rope_theta in the object is refused (transformers
+// fails on it when it builds the model);
 // head_dim when present (and not null), else hidden / heads; "dtype", else "torch_dtype".
 // vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads are
 // required (their defaults differ between model types), num_key_value_heads too for mistral

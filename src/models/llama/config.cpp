@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -86,6 +87,12 @@ void read_rope(const Fields& f, Config& c) {
   const auto usable = [&](const char* key) {
     return f.has(key) && !(f.at(key).is_object() && f.at(key).empty());
   };
+  if (f.has("partial_rotary_factor") && f.number("partial_rotary_factor", 1.0) != 1.0) {
+    f.fail(
+        fmt::format("\"partial_rotary_factor\" is {}: a partial rotary embedding is not "
+                    "implemented (only 1)",
+                    f.at("partial_rotary_factor").dump()));
+  }
   const char* key = usable("rope_scaling") ? "rope_scaling" : "rope_parameters";
   if (!f.has(key)) return;
   const json& rope = f.at(key);
@@ -102,16 +109,24 @@ void read_rope(const Fields& f, Config& c) {
     if (!v) f.fail(fmt::format("\"{}\": rope type \"{}\" needs \"{}\"", key, type, field));
     return *v;
   };
-  RopeScaling& r = c.rope_scaling;
-  for (const char* type_key : {"rope_type", "type"}) {  // rope_type wins, as in transformers
-    if (rope.contains(type_key) && !rope[type_key].is_null()) {
-      if (!rope[type_key].is_string()) {
-        f.fail(fmt::format("\"{}.{}\" is {}, expected a string", key, type_key,
-                           rope[type_key].dump()));
-      }
-      r.type = rope[type_key].get<std::string>();
-      break;
+  // A whole number, also when written 8192.0 (transformers only warns about a float).
+  auto whole = [&](const json& v, const std::string& name) -> int64_t {
+    if (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())) {
+      return static_cast<int64_t>(v.get<double>());
     }
+    return f.as_integer(v, name);
+  };
+  RopeScaling& r = c.rope_scaling;
+  // rope_type, else type, else "default" (standardize_rope_params); a null one is refused, as
+  // transformers then fails when it builds the model.
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (!rope.contains(type_key)) continue;
+    if (!rope[type_key].is_string()) {
+      f.fail(
+          fmt::format("\"{}.{}\" is {}, expected a string", key, type_key, rope[type_key].dump()));
+    }
+    r.type = rope[type_key].get<std::string>();
+    break;
   }
   if (r.type == "linear") {
     r.factor = required("factor", r.type);
@@ -119,13 +134,17 @@ void read_rope(const Fields& f, Config& c) {
     r.factor = required("factor", r.type);
     r.low_freq_factor = required("low_freq_factor", r.type);
     r.high_freq_factor = required("high_freq_factor", r.type);
-    // Absent: transformers takes max_position_embeddings (standardize_rope_params).
+    // transformers takes a top-level original_max_position_embeddings first (as Phi-3 writes
+    // it), then the rope object's, then max_position_embeddings (standardize_rope_params).
     r.original_max_position_embeddings = c.max_position_embeddings;
-    if (rope.contains("original_max_position_embeddings") &&
-        !rope["original_max_position_embeddings"].is_null()) {
+    if (f.has("original_max_position_embeddings")) {
       r.original_max_position_embeddings =
-          f.as_integer(rope["original_max_position_embeddings"],
-                       fmt::format("{}.original_max_position_embeddings", key));
+          whole(f.at("original_max_position_embeddings"), "original_max_position_embeddings");
+    } else if (rope.contains("original_max_position_embeddings") &&
+               !rope["original_max_position_embeddings"].is_null()) {
+      r.original_max_position_embeddings =
+          whole(rope["original_max_position_embeddings"],
+                fmt::format("{}.original_max_position_embeddings", key));
     }
   } else if (r.type != "default") {
     f.fail(
@@ -133,9 +152,13 @@ void read_rope(const Fields& f, Config& c) {
                     "\"linear\", \"llama3\")",
                     key, r.type));
   }
+  // In the rope object too (a top-level one is checked above; transformers moves it here).
   if (auto partial = number("partial_rotary_factor"); partial && *partial != 1.0) {
     f.fail(fmt::format("\"{}\": partial_rotary_factor {} is not implemented (only 1)", key,
                        rope["partial_rotary_factor"].dump()));
+  }
+  if (rope.contains("rope_theta") && rope["rope_theta"].is_null()) {
+    f.fail(fmt::format("\"{}.rope_theta\" is null, expected a number", key));
   }
   if (auto theta = number("rope_theta")) c.rope_theta = *theta;
 }
