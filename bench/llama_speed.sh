@@ -5,8 +5,10 @@
 # heads, intermediate 1536, vocab 32000, seq 256: 56.9M parameters), 2 sequences per rank, one
 # thread per rank, the same token file. The programs alternate within each round; the table
 # gives medians over rounds of each run's median tokens/s (the first two steps left out) and its
-# peak RSS per rank, and the ratios. Writes bench/results/llama_speed.csv, and the "Llama"
-# section of bench/RESULTS.md (bench/report_llama.py).
+# peak RSS per rank, and the ratios. At worlds 2 and 4 it also runs that many one-process runs
+# at once (no communication): the ceiling this machine's cores and memory allow. Writes
+# bench/results/llama_speed.csv, and the "Llama" section of bench/RESULTS.md
+# (bench/report_llama.py).
 #   bench/llama_speed.sh [--rounds N] [--steps N]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +45,20 @@ cpp() {  # world
     --nonfinite off > "$tmp/c.txt" 2>&1 || { tail -20 "$tmp/c.txt"; exit 1; }
   sed -nE 's/^done: .*median ([0-9.]+) tok\/s.*peak ([0-9]+) MiB\/rank.*/\1,\2/p' "$tmp/c.txt"
 }
+solo() {  # world: that many one-process runs at once, 2 sequences each, no communication at all:
+  # the most `world` ranks can do on this machine. Their tokens/s summed, the largest peak RSS.
+  local w="$1" pids=() i
+  for ((i = 0; i < w; i++)); do
+    "$build/bin/train_llama" --config "$tmp/config.json" --data-tokens "$tmp/tokens.bin" \
+      --seq 256 --batch 2 --steps "$steps" --threads 1 --lr 3e-4 --lr-schedule constant \
+      --nonfinite off > "$tmp/s$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || { tail -20 "$tmp/s$i.txt"; exit 1; }; done
+  for ((i = 0; i < w; i++)); do
+    sed -nE 's/^done: .*median ([0-9.]+) tok\/s.*peak ([0-9]+) MiB\/rank.*/\1 \2/p' "$tmp/s$i.txt"
+  done | awk '{ t += $1; if ($2 > m) m = $2 } END { printf "%.1f,%d\n", t, m }'
+}
 py() {  # mode world
   "$FSDP_PY" "$root/bench/reference/py_llama.py" --mode "$1" --world "$2" --batch 2 --steps "$steps" \
     --data-tokens "$tmp/tokens.bin" > "$tmp/p.txt" 2>&1 || { tail -20 "$tmp/p.txt"; exit 1; }
@@ -55,6 +71,7 @@ for ((r = 0; r < rounds; r++)); do
     echo "fsdp-cpp,$w,$r,$(cpp "$w")" >> "$csv"
     echo "pytorch-ddp,$w,$r,$(py ddp "$w")" >> "$csv"
     echo "pytorch-fsdp2,$w,$r,$(py fsdp2 "$w")" >> "$csv"
+    echo "independent-runs,$w,$r,$(solo "$w")" >> "$csv"
   done
   echo "round $((r + 1)) of $rounds done"
 done

@@ -31,6 +31,7 @@ def section(res):
              "| world | program | tokens/s | peak RSS per rank (MiB) | fsdp-cpp speed ratio | "
              "fsdp-cpp memory ratio | speed target |",
              "|---|---|---|---|---|---|---|"]
+    ceiling = {}
     for w, others in ((1, ["pytorch-local"]), (2, ["pytorch-ddp", "pytorch-fsdp2"]),
                       (4, ["pytorch-ddp", "pytorch-fsdp2"])):
         c_tps, c_mem = med("fsdp-cpp", w, "tokens_per_s"), med("fsdp-cpp", w, "peak_rss_mb")
@@ -39,13 +40,29 @@ def section(res):
             tps, mem = med(o, w, "tokens_per_s"), med(o, w, "peak_rss_mb")
             speed = c_tps / tps
             verdict = "met" if speed >= TARGETS[o] else "missed"
+            if verdict == "missed" and round(speed, 2) >= TARGETS[o]:
+                verdict += f" ({speed:.3f}x)"  # the rounded ratio alone would read as met
             lines.append(f"| {w} | {o} | {tps:.0f} | {mem:.0f} | {speed:.2f}x | "
                          f"{c_mem / mem:.2f}x | {TARGETS[o]:.1f}x: {verdict} |")
-    lines += ["", "The miss against DDP at world 2 is the one the MiniLLM comparison shows too: "
-              "FSDP moves 1.5 times DDP's bytes (an all-gather before forward and another before "
-              "backward, a reduce-scatter after, against one all-reduce), and two ranks on two "
-              "cores leave no spare core for the communication. At world 4 fsdp-cpp is ahead of "
-              "DDP, whose every rank holds and steps the whole model's AdamW state; how much of "
-              "that lead comes from MPI against gloo and how much from the shard-sized optimizer "
-              "step was not measured."]
+        solo = med("independent-runs", w, "tokens_per_s")
+        if w > 1 and solo == solo:  # not NaN: the run has the ceiling rows
+            ceiling[w] = (c_tps / solo, med("pytorch-ddp", w, "tokens_per_s") / solo)
+            lines.append(f"| {w} | {w} one-process runs at once (no communication) | {solo:.0f} "
+                         f"| {med('independent-runs', w, 'peak_rss_mb'):.0f} | "
+                         f"{c_tps / solo:.2f}x | | ceiling |")
+    if 2 in ceiling:
+        cpp2, ddp2 = ceiling[2]
+        lines += ["", f"At world 2 the ceiling is two one-process runs at once, each on its own "
+                  f"core with no communication at all: fsdp-cpp reaches {cpp2:.0%} of it and "
+                  f"DDP {ddp2:.0%}, so 1.1x DDP would need {min(1.0, 1.1 * ddp2):.0%}. What is "
+                  "lost is compute, not waiting: the trainer's exposed communication is about 2% "
+                  "of a step, and keeping the blocks gathered from forward to backward "
+                  "(--no-reshard-after-forward, DDP's 1x bytes instead of FSDP's 1.5x) was no "
+                  "faster (548 against 550 tokens/s over 3 alternating rounds, measured apart "
+                  "from this table). The collectives' "
+                  "copies and MPI's shared-memory transfers run on the same two cores as the "
+                  "two ranks' compute. At world 4 fsdp-cpp is ahead of DDP, whose every rank "
+                  "holds and steps the whole model's AdamW state."]
+    else:
+        lines += ["", "Without the ceiling rows (an older run), see bench/llama_speed.sh."]
     return lines + [""]
