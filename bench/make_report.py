@@ -142,10 +142,13 @@ def main():
               "(the same ops in the same order, checked bit for bit by the parity tests), so the "
               "gap to PyTorch can only come from the framework around them; Python's overhead on "
               "a 0.6 s step is small, and the measured difference is within the run-to-run noise "
-              "of this machine (about 5% between rounds). Against DDP on two cores: FSDP moves "
-              "1.5 times DDP's bytes (an all-gather before forward and before backward, a "
-              "reduce-scatter after, against one all-reduce) and a CPU has no spare core for "
-              "the copies. fsdp-cpp is ahead of DDP at both sizes, by less than the target at "
+              "of this machine (about 5% between rounds). Against DDP on two cores, what is lost "
+              "is compute, not waiting: the collectives' copies and MPI's shared-memory "
+              "transfers run on the cores the ranks compute on, while the trainer's exposed "
+              "communication is 1-3% of a step; sending DDP's bytes instead of FSDP's 1.5 times "
+              "(blocks kept gathered from forward to backward, --no-reshard-after-forward) "
+              "gained only 2% at world 2 (1546 against 1512 tokens/s, medians of 3 alternating "
+              "rounds, measured apart from this table). fsdp-cpp is ahead of DDP at both sizes, by less than the target at "
               "world 2; which part of its lead comes from MPI against gloo and which from the "
               "shard-sized optimizer step has not been measured.", ""]
     lines += [""] + report_features.section(res) + report_checkpoint.section(res)
