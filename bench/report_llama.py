@@ -1,5 +1,6 @@
 """The Llama section of bench/RESULTS.md, from bench/llama_speed.sh's llama_speed.csv."""
 import csv
+import math
 import os
 import statistics
 
@@ -45,7 +46,7 @@ def section(res):
             lines.append(f"| {w} | {o} | {tps:.0f} | {mem:.0f} | {speed:.2f}x | "
                          f"{c_mem / mem:.2f}x | {TARGETS[o]:.1f}x: {verdict} |")
         solo = med("independent-runs", w, "tokens_per_s")
-        if w > 1 and solo == solo:  # not NaN: the run has the ceiling rows
+        if w > 1 and not math.isnan(solo):  # runs before the ceiling rows have none
             ceiling[w] = (c_tps / solo, med("pytorch-ddp", w, "tokens_per_s") / solo)
             lines.append(f"| {w} | {w} one-process runs at once (no communication) | {solo:.0f} "
                          f"| {med('independent-runs', w, 'peak_rss_mb'):.0f} | "

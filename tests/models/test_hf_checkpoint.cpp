@@ -28,16 +28,32 @@ FullStateDict reference_state(const llama::Config& c, uint64_t seed = kSeed) {
   return out;
 }
 
-// The model sharded layer by layer as it is built, then the root. random_init false: every
-// parameter left for a load to fill.
-llama::LlamaForCausalLM sharded_model(const llama::Config& c, const ProcessGroupPtr& pg,
-                                      bool random_init, uint64_t seed = kSeed) {
+// The model sharded layer by layer as it is built, then the root, over a group or a mesh
+// (hybrid sharding). random_init false: every parameter left for a load to fill.
+template <typename Group>
+llama::LlamaForCausalLM sharded_model(const llama::Config& c, const Group& group, bool random_init,
+                                      uint64_t seed = kSeed) {
   llama::BuildOptions o;
   o.random_init = random_init;
-  o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) { fully_shard(layer, pg); };
+  o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) { fully_shard(layer, group); };
   auto model = build_seeded(c, seed, o);
-  fully_shard(model, pg);
+  fully_shard(model, group);
   return model;
+}
+
+// Loads `dir` into a model sharded over `world` thread ranks and expects its full state dict
+// to equal `want`, bit for bit.
+void expect_loads_as(const std::string& dir, const llama::Config& c, int world,
+                     const FullStateDict& want) {
+  run_local_ranks(
+      world,
+      [&](const ProcessGroupPtr& pg) {
+        auto model = sharded_model(c, pg, /*random_init=*/false);
+        llama::load_hf_weights(dir, *model, pg);
+        auto got = get_full_model_state_dict(*model, pg);
+        if (pg->rank() == 0) expect_same_tensors(got, want);
+      },
+      test_options());
 }
 
 std::string read_file(const std::string& path) {
@@ -112,15 +128,7 @@ TEST_P(HfRoundTrip, EveryParameterBitForBit) {
           llama::save_hf_checkpoint(dir, *model, c, pg, o);
         },
         test_options());
-    run_local_ranks(
-        w.load,
-        [&](const ProcessGroupPtr& pg) {
-          auto model = sharded_model(c, pg, /*random_init=*/false);
-          llama::load_hf_weights(dir, *model, pg);
-          auto got = get_full_model_state_dict(*model, pg);
-          if (pg->rank() == 0) expect_same_tensors(got, want);
-        },
-        test_options());
+    expect_loads_as(dir, c, w.load, want);
     // The files: each tensor once, under transformers' names (no lm_head.weight when tied),
     // each file within the limit unless it holds one tensor, {"format": "pt"} in each.
     auto files = llama::hf_weight_files(dir);
@@ -180,18 +188,9 @@ TEST(HfCheckpoint, Bf16FilesAndOneFile) {
   }
   EXPECT_EQ(llama::read_hf_config(dir).dtype, "bfloat16");
   // Into fp32 parameters: the bf16 rounding of the reference, exactly.
-  run_local_ranks(
-      3,
-      [&](const ProcessGroupPtr& pg) {
-        auto model = sharded_model(c, pg, /*random_init=*/false);
-        llama::load_hf_weights(dir, *model, pg);
-        auto got = get_full_model_state_dict(*model, pg);
-        FullStateDict rounded;
-        for (const auto& [n, t] : want)
-          rounded.emplace_back(n, t.to(torch::kBFloat16).to(torch::kFloat));
-        if (pg->rank() == 0) expect_same_tensors(got, rounded);
-      },
-      test_options());
+  FullStateDict rounded;
+  for (const auto& [n, t] : want) rounded.emplace_back(n, t.to(torch::kBFloat16).to(torch::kFloat));
+  expect_loads_as(dir, c, 3, rounded);
   // Into bf16 parameters (converted on the way in).
   run_local_ranks(1, [&](const ProcessGroupPtr& pg) {
     llama::HfLoadOptions o;
@@ -212,16 +211,6 @@ TEST(HfCheckpoint, HybridShardedSavesAndLoads) {
     SCOPED_TRACE(tied ? "tied" : "untied");
     auto c = tiny_llama(tied);
     const auto want = reference_state(c);
-    auto hybrid_model = [&](const DeviceMesh& mesh, bool random_init) {
-      llama::BuildOptions o;
-      o.random_init = random_init;
-      o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
-        fully_shard(layer, mesh);
-      };
-      auto model = build_seeded(c, kSeed, o);
-      fully_shard(model, mesh);
-      return model;
-    };
     const std::string dir = scratch_path("hybrid");
     llama::HfSaveOptions o;
     o.max_shard_bytes = 40'000;
@@ -229,7 +218,7 @@ TEST(HfCheckpoint, HybridShardedSavesAndLoads) {
         4,
         [&](const ProcessGroupPtr& pg) {
           auto mesh = make_device_mesh(pg, 2);
-          auto model = hybrid_model(mesh, /*random_init=*/true);
+          auto model = sharded_model(c, mesh, /*random_init=*/true);
           // Replica 1's rows made different: only replica 0's may reach the files.
           if (mesh.replicate->rank() == 1) {
             torch::NoGradGuard no_grad;
@@ -251,20 +240,12 @@ TEST(HfCheckpoint, HybridShardedSavesAndLoads) {
     for (const auto& f : files)
       EXPECT_EQ(read_file(dir + "/" + f), read_file(plain + "/" + f)) << f;
     // Into a plain model at world 3, and into each replica of a hybrid model.
-    run_local_ranks(
-        3,
-        [&](const ProcessGroupPtr& pg) {
-          auto model = sharded_model(c, pg, /*random_init=*/false);
-          llama::load_hf_weights(dir, *model, pg);
-          auto got = get_full_model_state_dict(*model, pg);
-          if (pg->rank() == 0) expect_same_tensors(got, want);
-        },
-        test_options());
+    expect_loads_as(dir, c, 3, want);
     run_local_ranks(
         4,
         [&](const ProcessGroupPtr& pg) {
           auto mesh = make_device_mesh(pg, 2);
-          auto model = hybrid_model(mesh, /*random_init=*/false);
+          auto model = sharded_model(c, mesh, /*random_init=*/false);
           llama::load_hf_weights(plain, *model, pg);
           // Each rank's own rows, in both replicas (a gather could read replica 0 only).
           int checked = 0;

@@ -17,8 +17,9 @@
 // _proj.{weight,bias}, model.layers.{i}.{input,post_attention}_layernorm.weight,
 // model.norm.weight, lm_head.weight; in transformers' order. A tied head is one tensor under two
 // names (model.embed_tokens.weight first), as MiniLLM's. The model registers no buffers (the
-// rotary frequencies are computed in each forward: a few kilobytes of work), so its state dict
-// is exactly the parameters a Hugging Face directory holds.
+// rotary frequencies are computed once when it is built and kept beside the modules, moved to
+// the activations' device at the first forward), so its state dict is exactly the parameters a
+// Hugging Face directory holds.
 //
 // FSDP: each decoder layer is an fsdp::Unit<DecoderLayer>; shard every layer, then the root
 // (whose own parameters are the embedding, the final norm and the head). The LayerBuilt
@@ -151,6 +152,7 @@ class LlamaModelImpl : public torch::nn::Module {
 
  private:
   Config config_;
+  torch::Tensor inv_freq_;  // the rotary inverse frequencies, fp32 [head_size / 2]
 };
 TORCH_MODULE(LlamaModel);
 

@@ -444,41 +444,33 @@ std::optional<Config> preset_config(const std::string& name) {
     c.dtype = "float16";
     return c;
   }
-  if (name == "llama3-8b" || name == "llama3-70b") {  // meta-llama/Meta-Llama-3-{8B,70B}
+  // meta-llama/Meta-Llama-3-{8B,70B}, Llama-3.1-8B and Llama-3.2-1B: the Llama 3 vocabulary
+  // and attention; the later ones scale the rotary embedding (llama3) for 131072 tokens.
+  const bool llama31 = name == "llama3.1-8b", llama32 = name == "llama3.2-1b";
+  if (name == "llama3-8b" || name == "llama3-70b" || llama31 || llama32) {
     c.vocab_size = 128256;
     c.num_key_value_heads = 8;
     c.max_position_embeddings = 8192;
     c.rope_theta = 500000.0;
     c.bos_token_id = 128000;
-    c.eos_token_ids = {128001};
-    if (name == "llama3-8b") {
-      c.intermediate_size = 14336;
-    } else {
+    c.eos_token_ids = {128001};  // the base models' (the Instruct ones list 128008, 128009 too)
+    if (llama31 || llama32) {
+      c.max_position_embeddings = 131072;
+      c.rope_scaling = {"llama3", llama31 ? 8.0 : 32.0, 1.0, 4.0, 8192};
+    }
+    if (name == "llama3-70b") {
       c.hidden_size = 8192;
       c.intermediate_size = 28672;
       c.num_hidden_layers = 80;
       c.num_attention_heads = 64;
-    }
-    return c;
-  }
-  // meta-llama/Llama-3.1-8B and Llama-3.2-1B: Llama 3's layers with the llama3 rope scaling
-  // for a 131072-token context.
-  if (name == "llama3.1-8b" || name == "llama3.2-1b") {
-    c.vocab_size = 128256;
-    c.num_key_value_heads = 8;
-    c.max_position_embeddings = 131072;
-    c.rope_theta = 500000.0;
-    c.rope_scaling = {"llama3", name == "llama3.1-8b" ? 8.0 : 32.0, 1.0, 4.0, 8192};
-    c.bos_token_id = 128000;
-    c.eos_token_ids = {128001};  // the base models' (the Instruct ones list 128008, 128009 too)
-    if (name == "llama3.1-8b") {
-      c.intermediate_size = 14336;
-    } else {
+    } else if (llama32) {
       c.hidden_size = 2048;
       c.intermediate_size = 8192;
       c.num_hidden_layers = 16;
       c.head_dim = 64;
       c.tie_word_embeddings = true;
+    } else {  // the 8B models
+      c.intermediate_size = 14336;
     }
     return c;
   }

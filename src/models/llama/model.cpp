@@ -105,18 +105,23 @@ torch::Tensor rotary_inverse_frequencies(const Config& c) {
   return torch::where(medium, smoothed, scaled);
 }
 
+// LlamaRotaryEmbedding.forward from the frequencies on the activations' device:
+// position_ids[..., None].float() * inv_freq, in fp32; attention_scaling is 1.0 for the
+// implemented types (a multiplication that changes nothing).
+std::pair<torch::Tensor, torch::Tensor> cos_sin_of(const torch::Tensor& inv_freq, int64_t seq,
+                                                   torch::ScalarType dtype) {
+  auto positions = torch::arange(seq, torch::TensorOptions(torch::kLong).device(inv_freq.device()));
+  auto freqs = positions.unsqueeze(0).unsqueeze(-1).to(torch::kFloat) * inv_freq;
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& c, int64_t seq,
                                                        torch::ScalarType dtype,
                                                        torch::Device device) {
-  auto inv_freq = rotary_inverse_frequencies(c).to(device);
-  // LlamaRotaryEmbedding.forward: position_ids[..., None].float() * inv_freq, in fp32;
-  // attention_scaling is 1.0 for the implemented types (a multiplication that changes nothing).
-  auto positions = torch::arange(seq, torch::TensorOptions().dtype(torch::kLong).device(device));
-  auto freqs = positions.unsqueeze(0).unsqueeze(-1).to(torch::kFloat) * inv_freq;
-  auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  return cos_sin_of(rotary_inverse_frequencies(c).to(device), seq, dtype);
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
@@ -183,7 +188,8 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const Config& c, const BuildOptions& o) : config_(c) {
+LlamaModelImpl::LlamaModelImpl(const Config& c, const BuildOptions& o)
+    : config_(c), inv_freq_(rotary_inverse_frequencies(c)) {
   embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size,
                                                            c.pad_token_id, c.initializer_range, o));
   auto list = register_module("layers", torch::nn::ModuleList());
@@ -202,7 +208,9 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
                  "llama: tokens must be [batch, seq] int64, got {} {}",
                  c10::toString(tokens.scalar_type()), tokens.sizes().vec());
   auto h = embed_tokens(tokens);
-  auto [cos, sin] = rotary_cos_sin(config_, tokens.size(1), h.scalar_type(), h.device());
+  // Moved once, at the first forward on a device, not copied in every step.
+  if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
+  auto [cos, sin] = cos_sin_of(inv_freq_, tokens.size(1), h.scalar_type());
   for (auto& layer : layers) h = layer(h, cos, sin);
   return norm(h);
 }
