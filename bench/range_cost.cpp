@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "tools/range.h"
+#include "util/profiler_range.h"
 
 namespace {
 

@@ -92,7 +92,7 @@ if(NOT FSDP_WITH_NCCL STREQUAL "OFF")
 endif()
 fsdp_resolve_backend(NCCL _nccl_found)
 
-# NVTX ranges for Nsight Systems / Nsight Compute (src/tools/range.h): NVTX 3 is header-only
+# NVTX ranges for Nsight Systems / Nsight Compute (src/util/profiler_range.h): NVTX 3 is header-only
 # (it loads a tool library only when one is attached), so the toolkit's headers are enough.
 # With the GPU backend only: a CPU build has no GPU timeline to annotate.
 set(FSDP_HAVE_NVTX FALSE)

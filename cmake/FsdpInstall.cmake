@@ -14,6 +14,6 @@ install(EXPORT fsdpTargets NAMESPACE fsdp:: DESTINATION ${FSDP_CMAKE_DIR})
 configure_package_config_file(cmake/fsdpConfig.cmake.in
   ${PROJECT_BINARY_DIR}/fsdpConfig.cmake INSTALL_DESTINATION ${FSDP_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
-  COMPATIBILITY SameMinorVersion)
+  COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/fsdpConfig.cmake ${PROJECT_BINARY_DIR}/fsdpConfigVersion.cmake
         DESTINATION ${FSDP_CMAKE_DIR})

@@ -6,15 +6,15 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/llama_plan.h"
-#include "fsdp/models/token_file.h"
+#include "llama_options.h"
 #include "loop.h"
-#include "options.h"
-#include "plan.h"
+#include "trainer_plan.h"
 
 namespace {
 
@@ -25,8 +25,8 @@ using llama::Options;
 class TokenData final : public trainer::Dataset, public trainer::Windows {
  public:
   TokenData(const std::string& path, const Options& o, int64_t vocab)
-      : file_(path, fsdp::models::TokenFileOptions{fsdp::models::parse_token_dtype(o.tokens_dtype),
-                                                   vocab, o.train.seq, o.train.seed}) {}
+      : file_(path, fsdp::data::TokenFileOptions{fsdp::data::parse_token_dtype(o.tokens_dtype),
+                                                 vocab, o.train.seq, o.train.seed}) {}
   trainer::Batch slice(int step, int64_t first, int64_t count) const override {
     auto b = file_.batch(step, first, count);
     return {b.inputs, b.targets};
@@ -41,7 +41,7 @@ class TokenData final : public trainer::Dataset, public trainer::Windows {
   }
 
  private:
-  fsdp::models::TokenFile file_;
+  fsdp::data::TokenFile file_;
 };
 
 fsdp::FullyShardOptions unit_options(const Options& o, bool layer) {

@@ -6,15 +6,15 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "fsdp/models/token_file.h"
+#include "fsdp/data/token_file.h"
 
 namespace minillm {
 namespace {
 
-// The token files' counter-based draw (fsdp/models/token_file.h): sample i of step s needs
+// The token files' counter-based draw (fsdp/data/token_file.h): sample i of step s needs
 // no state, and both trainers share the rule.
 uint64_t draw(uint64_t seed, int step, int64_t index) {
-  return fsdp::models::draw(seed, static_cast<uint64_t>(step), static_cast<uint64_t>(index));
+  return fsdp::data::draw(seed, static_cast<uint64_t>(step), static_cast<uint64_t>(index));
 }
 
 class TextDataset final : public Dataset {

@@ -9,9 +9,9 @@
 #include "fsdp/models/minillm.h"
 #include "fsdp/models/minillm_plan.h"
 #include "loop.h"
-#include "options.h"
-#include "plan.h"
+#include "minillm_options.h"
 #include "text_data.h"
+#include "trainer_plan.h"
 
 namespace {
 

@@ -251,6 +251,12 @@ int trainer_main(int argc, char** argv,
 
 int threads_for(int threads) {
   if (threads > 0) return threads;
+  // OMP_NUM_THREADS, when set, is what PyTorch and every OpenMP program honour: a user who sets
+  // it (the benchmarks do) gets that many, not the machine's share.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(omp);
+    if (n > 0) return n;
+  }
   const char* local = std::getenv("LOCAL_WORLD_SIZE");
   if (!local) local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;

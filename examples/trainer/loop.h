@@ -63,7 +63,8 @@ std::function<Parsed(int, char**, int)> parse_into(Options& options, Parse parse
   };
 }
 
-// Intra-op threads per rank: --threads, else the cores over the ranks on this machine.
+// Intra-op threads per rank: --threads, else OMP_NUM_THREADS when set (as PyTorch reads it),
+// else the cores over the ranks on this machine.
 int threads_for(int threads);
 
 }  // namespace trainer

@@ -98,7 +98,8 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
       ->capture_default_str();
   app.add_option("--metrics-out", o.metrics_out,
                  "Write one JSON object per step (and per validation) to this file");
-  app.add_option("--threads", o.threads, "Intra-op threads per rank (0: cores / local ranks)")
+  app.add_option("--threads", o.threads,
+                 "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local ranks)")
       ->capture_default_str();
   app.add_option("--replicas", o.replicas,
                  "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "

@@ -36,6 +36,21 @@ class LaunchError : public Error {
   using Error::Error;
 };
 
+// A file could not be read or written (a path that cannot be created, a full disk, a rename that
+// fails); the message names the path and the system's reason.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A checkpoint, a Hugging Face directory or an export could not be written or read; the message
+// names the rank, file and tensor. (Declared here, below every layer that agrees on one:
+// fsdp/checkpoint/checkpoint.h has always provided it.)
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A backend was asked for an operation or dtype it does not implement.
 class UnsupportedError : public Error {
  public:

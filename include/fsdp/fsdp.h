@@ -4,6 +4,7 @@
 #include "fsdp/errors.h"
 
 // comm: process groups and their engines, the device mesh of hybrid sharding
+#include "fsdp/comm/agree.h"
 #include "fsdp/comm/backends.h"
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/comm/fake_group.h"
@@ -14,18 +15,24 @@
 // launch: rank, world and engine from the launcher's environment
 #include "fsdp/launch/launch.h"
 
-// runtime: fully_shard and what it shares with the tools
+// io and data: files written durably, safetensors files, token files
+#include "fsdp/data/token_file.h"
+#include "fsdp/io/files.h"
+#include "fsdp/io/safetensors.h"
+
+// runtime: fully_shard, its public shard view, and what it shares with the tools
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/layout.h"
+#include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/mixed_precision.h"
 #include "fsdp/runtime/options.h"
+#include "fsdp/runtime/sharded_tensor.h"
 #include "fsdp/runtime/stats.h"
 
-// checkpoint and io: sharded checkpoints, safetensors files and export
+// checkpoint: state dicts, sharded checkpoints, safetensors export and loading
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/state_dict.h"
-#include "fsdp/io/safetensors.h"
 
 // optim: the fused AdamW, clipping by the global norm
 #include "fsdp/optim/clip_grad.h"

@@ -1,28 +1,23 @@
 // save_checkpoint, latest_checkpoint, load_checkpoint (fsdp/checkpoint/checkpoint.h). Every phase
-// that can fail on one rank ends with agree_or_throw, so all ranks fail together and none waits
-// forever in a collective the failed rank never reaches.
+// that can fail on one rank runs through agree_on (fsdp/comm/agree.h), so all ranks fail together
+// and none waits forever in a collective the failed rank never reaches.
 #include "fsdp/checkpoint/checkpoint.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
-#include "checkpoint/agreement.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/posix_files.h"
 #include "checkpoint/rank_file.h"
 #include "fsdp/checkpoint/state_dict.h"
+#include "fsdp/comm/agree.h"
+#include "fsdp/io/files.h"
 #include "util/check.h"
 #include "util/format.h"
 
@@ -52,29 +47,12 @@ void kill_here_if_testing(int64_t step) {
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-            ::fsync(fd) == 0;
-  if (fd >= 0) ok = (::close(fd) == 0) && ok;
-  if (!ok) throw CheckpointError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw CheckpointError(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Complete checkpoints of `dir` (a step_ directory with its manifest), by step.
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
-  for (const auto& name : detail::list_directory(dir)) {
+  for (const auto& name : io::list_directory(dir)) {
     const std::string path = join(dir, name);
-    if (name.rfind(kStepPrefix, 0) != 0 ||
-        !detail::path_exists(join(path, detail::kManifestName))) {
+    if (name.rfind(kStepPrefix, 0) != 0 || !io::path_exists(join(path, detail::kManifestName))) {
       continue;
     }
     try {
@@ -147,61 +125,46 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
   const std::string what = fmt::format("save_checkpoint {}", final_dir);
 
   ShardedStateDict state;
-  std::string kind = "none", error;
-  try {
+  std::string kind = "none";
+  agree_on<CheckpointError>(g, what, [&] {
     state = get_model_state_dict(model);
     if (optimizer) {
       kind = optimizer_kind(*optimizer);
       for (auto& e : get_optimizer_state_dict(model, *optimizer)) state.push_back(std::move(e));
     }
     if (rank == 0) {
-      if (detail::path_exists(final_dir)) {
+      if (io::path_exists(final_dir)) {
         throw CheckpointError(fmt::format(
             "{} already exists; a checkpoint is never overwritten (remove it, or save another "
             "step)",
             final_dir));
       }
-      detail::make_directories(root);
+      io::make_directories(root);
       // Left by a save that crashed: never renamed, so never a checkpoint.
-      for (const auto& name : detail::list_directory(root)) {
-        if (name.rfind(kTmpPrefix, 0) == 0) detail::remove_tree(join(root, name));
+      for (const auto& name : io::list_directory(root)) {
+        if (name.rfind(kTmpPrefix, 0) == 0) io::remove_tree(join(root, name));
       }
-      detail::make_directories(tmp);
+      io::make_directories(tmp);
     }
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(g, what, error);
+  });
 
   std::string entries;
-  try {
-    entries = detail::manifest_to_json(write_rank_file(tmp, rank, state));
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(g, what, error);
+  agree_on<CheckpointError>(
+      g, what, [&] { entries = detail::manifest_to_json(write_rank_file(tmp, rank, state)); });
 
-  auto per_rank = detail::all_gather_strings(g, entries);
-  if (rank == 0) {
+  auto per_rank = all_gather_strings(g, entries);
+  agree_on<CheckpointError>(g, what, [&] {
+    if (rank != 0) return;
     kill_here_if_testing(step);
-    try {
-      // The manifest last: a directory without it is not a checkpoint.
-      write_text_file(join(tmp, detail::kManifestName),
-                      detail::manifest_to_json(merge(per_rank, step, kind, options)));
-      detail::sync_directory(tmp);
-      detail::rename_path(tmp, final_dir);
-      detail::sync_directory(root);
-      if (options.keep_last > 0) {
-        auto all = complete_checkpoints(root);
-        for (size_t i = 0; i + options.keep_last < all.size(); ++i) {
-          detail::remove_tree(all[i].second);
-        }
-      }
-    } catch (...) {
-      error = detail::current_exception_message();
+    // The manifest last: a directory without it is not a checkpoint.
+    io::write_file(join(tmp, detail::kManifestName),
+                   detail::manifest_to_json(merge(per_rank, step, kind, options)));
+    io::publish(tmp, final_dir);
+    if (options.keep_last > 0) {
+      auto all = complete_checkpoints(root);
+      for (size_t i = 0; i + options.keep_last < all.size(); ++i) io::remove_tree(all[i].second);
     }
-  }
-  detail::agree_or_throw(g, what, error);
+  });
   return final_dir;
 }
 
@@ -320,15 +283,11 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   const std::string& dir = path;
   Manifest m;
   Staged staged;
-  std::string error;
-  try {
+  agree_on<CheckpointError>(*pg, fmt::format("load_checkpoint {}", path), [&] {
     const auto manifest_path = join(dir, detail::kManifestName);
-    m = detail::manifest_from_json(read_text_file(manifest_path), manifest_path);
+    m = detail::manifest_from_json(io::read_file(manifest_path), manifest_path);
     staged = stage(dir, m, model, optimizer);
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(*pg, fmt::format("load_checkpoint {}", path), error);
+  });
   // Every rank has everything: apply.
   {
     at::NoGradGuard no_grad;

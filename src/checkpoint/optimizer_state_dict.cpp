@@ -7,10 +7,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "checkpoint/agreement.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/redistribute.h"
 #include "fsdp/checkpoint/state_dict.h"
+#include "fsdp/comm/agree.h"
 #include "util/check.h"
 
 namespace fsdp {
@@ -95,12 +95,14 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
                               const ShardedStateDict& state, const ProcessGroupPtr& world) {
   FSDP_CHECK_ARG(world != nullptr, "set_optimizer_state_dict: the process group is null");
   const char* what = "set_optimizer_state_dict";
-  std::string kind, error;
+  std::string kind;
   ShardedStateDict params;
   // Per parameter: its fields and where they are in `state`.
   std::map<std::string, std::vector<std::pair<std::string, size_t>>> fields;
   std::vector<std::pair<size_t, size_t>> groups;  // (param group, entry)
-  try {
+  // Checked on every rank before any state changes: the documented InvalidArgument, the same
+  // on every rank.
+  agree_on<InvalidArgument>(*world, what, [&] {
     kind = detail::optimizer_kind(optimizer);
     params = params_of(model, optimizer, what);
     std::unordered_map<std::string, const ShardedTensor*> by_param;
@@ -133,10 +135,7 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
                      "{}: '{}' has another shape than its parameter", what, name);
       fields[name.substr(0, hash)].emplace_back(name.substr(hash + 1), i);
     }
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(*world, what, error);
+  });
 
   // Targets: this rank's rows of each state tensor (shaped like the parameter's rows), and the
   // scalars; filled by one redistribution in name order (the same on every rank).

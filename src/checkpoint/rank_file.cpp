@@ -1,73 +1,18 @@
 #include "checkpoint/rank_file.h"
 
 #include <caffe2/serialize/crc_alt.h>  // libtorch's CRC-32 (the one its own archives use)
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <memory>
 
-#include "checkpoint/posix_files.h"
-#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/errors.h"
 
 namespace fsdp::detail {
-namespace {
-
-void write_all(int fd, const char* data, int64_t n, const std::string& path) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw CheckpointError(fmt::format("cannot write {}: {}", path, os_error()));
-    data += w;
-    n -= w;
-  }
-}
-
-// Reads exactly n bytes at `offset`; false when the file ends first.
-bool read_all(int fd, char* data, int64_t n, int64_t offset, const std::string& path) {
-  while (n > 0) {
-    ssize_t r = ::pread(fd, data, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), offset);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw CheckpointError(fmt::format("cannot read {}: {}", path, os_error()));
-    if (r == 0) return false;
-    data += r;
-    n -= r;
-    offset += r;
-  }
-  return true;
-}
-
-class ReadFile {
- public:
-  ReadFile(const std::string& path, const std::string& tensor) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) {
-      throw CheckpointError(
-          fmt::format("cannot open {} (tensor '{}'): {}", path, tensor, os_error()));
-    }
-  }
-  ~ReadFile() { ::close(fd_); }
-  int fd() const { return fd_; }
-
- private:
-  std::string path_;
-  int fd_;
-};
-
-}  // namespace
 
 RankFileWriter::RankFileWriter(const std::string& dir, const std::string& file)
-    : path_(dir + "/" + file), file_(file) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw CheckpointError(fmt::format("cannot create {}: {}", path_, os_error()));
-}
-
-RankFileWriter::~RankFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-}
+    : out_(dir + "/" + file), file_(file) {}
 
 StoredRows RankFileWriter::append(const at::Tensor& rows, int64_t row_begin,
                                   const std::vector<int64_t>& shape) {
@@ -78,7 +23,7 @@ StoredRows RankFileWriter::append(const at::Tensor& rows, int64_t row_begin,
   s.file = file_;
   s.row_begin = row_begin;
   s.row_end = row_begin + n;
-  s.offset = offset_;
+  s.offset = out_.offset();
   s.nbytes = n * rb;
   s.chunk_rows = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(rb, 1));
   const char* data = static_cast<const char*>(host.data_ptr());
@@ -86,18 +31,11 @@ StoredRows RankFileWriter::append(const at::Tensor& rows, int64_t row_begin,
     const int64_t bytes = std::min(s.chunk_rows, n - row) * rb;
     s.crc32.push_back(crc32_fast(data + row * rb, static_cast<size_t>(bytes)));
   }
-  write_all(fd_, data, s.nbytes, path_);
-  offset_ += s.nbytes;
+  out_.write(data, static_cast<size_t>(s.nbytes));
   return s;
 }
 
-void RankFileWriter::finish() {
-  if (::fsync(fd_) != 0)
-    throw CheckpointError(fmt::format("cannot fsync {}: {}", path_, os_error()));
-  if (::close(fd_) != 0)
-    throw CheckpointError(fmt::format("cannot close {}: {}", path_, os_error()));
-  fd_ = -1;
-}
+void RankFileWriter::finish() { out_.close(); }
 
 void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int64_t end,
                const at::Tensor& dst) {
@@ -111,7 +49,7 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
     if (lo >= hi) continue;
     covered += hi - lo;
     const std::string path = dir + "/" + s.file;
-    ReadFile file(path, t.name);
+    io::FileReader file(path, fmt::format("tensor '{}'", t.name));
     // The chunks that hold rows [lo, hi), read whole so their checksums can be verified.
     const int64_t c0 = (lo - s.row_begin) / s.chunk_rows;
     const int64_t c1 = (hi - 1 - s.row_begin) / s.chunk_rows;
@@ -127,7 +65,7 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
       scratch_bytes = nbytes;
     }
     char* buffer = direct ? out + (lo - begin) * rb : scratch.get();
-    if (!read_all(file.fd(), buffer, nbytes, at, path)) {
+    if (!file.read_at(buffer, nbytes, at)) {
       throw CheckpointError(fmt::format("{} is truncated: tensor '{}' needs bytes {}..{} of it",
                                         path, t.name, at, at + nbytes));
     }
@@ -151,14 +89,6 @@ void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int
         "tensor '{}': rows {}..{} are not all stored in {} (stored pieces overlap or miss rows)",
         t.name, begin, end, dir));
   }
-}
-
-void sync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw CheckpointError(fmt::format("cannot open directory {}: {}", dir, os_error()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw CheckpointError(fmt::format("cannot fsync directory {}: {}", dir, os_error()));
 }
 
 }  // namespace fsdp::detail

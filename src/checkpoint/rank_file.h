@@ -8,6 +8,7 @@
 #include <string>
 
 #include "checkpoint/manifest.h"
+#include "fsdp/io/files.h"
 
 namespace fsdp::detail {
 
@@ -16,22 +17,18 @@ inline constexpr int64_t kChunkBytes = 4 << 20;
 
 class RankFileWriter {
  public:
-  // Creates (truncates) dir/file. CheckpointError when it cannot.
+  // Creates (truncates) dir/file. IoError when it cannot.
   RankFileWriter(const std::string& dir, const std::string& file);
-  ~RankFileWriter();
-  RankFileWriter(const RankFileWriter&) = delete;
-  RankFileWriter& operator=(const RankFileWriter&) = delete;
 
   // Appends `rows` (rows [row_begin, row_begin + rows.size(0)) of a tensor of `shape`; any
   // device, copied to a contiguous CPU tensor) and returns where they went.
   StoredRows append(const at::Tensor& rows, int64_t row_begin, const std::vector<int64_t>& shape);
-  // Flushes to the disk (fsync) and closes; CheckpointError naming the file on failure.
+  // Flushes to the disk (fsync) and closes; IoError naming the file on failure.
   void finish();
 
  private:
-  std::string path_, file_;
-  int fd_ = -1;
-  int64_t offset_ = 0;
+  io::FileWriter out_;
+  std::string file_;
 };
 
 // Reads rows [begin, end) of `t` from the checkpoint in `dir` into `dst` (a contiguous CPU
@@ -39,8 +36,5 @@ class RankFileWriter {
 // and the tensor for a missing or truncated file, a checksum mismatch, or rows no rank stored.
 void read_rows(const std::string& dir, const StoredTensor& t, int64_t begin, int64_t end,
                const at::Tensor& dst);
-
-// fsync of a directory, so that entries created or renamed in it are on the disk.
-void sync_directory(const std::string& dir);
 
 }  // namespace fsdp::detail

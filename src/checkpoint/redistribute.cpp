@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <functional>
 
-#include "checkpoint/agreement.h"
 #include "util/check.h"
 
 namespace fsdp::detail {

@@ -8,27 +8,16 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "checkpoint/agreement.h"
 #include "checkpoint/redistribute.h"
-#include "runtime/collectives.h"
-#include "runtime/local_shards.h"
+#include "fsdp/comm/agree.h"
+#include "fsdp/runtime/layout.h"
 #include "util/check.h"
 #include "util/format.h"
 
 namespace fsdp {
 
 ShardedStateDict get_model_state_dict(const torch::nn::Module& model) {
-  ShardedStateDict out;
-  for (auto& s : detail::local_shards(model)) {
-    ShardedTensor t;
-    t.local = s.tensor;
-    t.global_shape = s.full_shape;
-    t.row_offset = s.row_begin;
-    t.replicated = s.replicated;
-    t.shard_group = s.shard_group;
-    t.replica = s.replica;
-    out.emplace_back(s.name, std::move(t));
-  }
+  ShardedStateDict out = parameter_shards(model);
   for (const auto& b : model.named_buffers(/*recurse=*/true)) {
     ShardedTensor t;
     t.local = b.value();
@@ -39,6 +28,36 @@ ShardedStateDict get_model_state_dict(const torch::nn::Module& model) {
   return out;
 }
 
+namespace {
+
+// The whole tensor `s` is rows of, on every rank of its shard group: one all-gather of every
+// rank's rows padded to ceil(dim0 / ranks) (layout.h's rule, the one fully_shard shards by).
+at::Tensor gather_full(const ShardedTensor& s) {
+  ProcessGroup& pg = *s.shard_group;
+  const int world = pg.size();
+  ParamShape shape{s.global_shape.at(0), 1};
+  for (size_t d = 1; d < s.global_shape.size(); ++d) shape.row_numel *= s.global_shape[d];
+  const int64_t padded = shape.padded_numel(world);
+  auto send = at::zeros({padded}, s.local.options());
+  if (s.local.numel() > 0) send.narrow(0, 0, s.local.numel()).copy_(s.local.detach().reshape(-1));
+  auto all = at::empty({world * padded}, s.local.options());
+  pg.all_gather(all, send)->wait();
+  auto full = at::empty(s.global_shape, s.local.options());
+  auto full_rows = full.view({shape.dim0, shape.row_numel});
+  auto per_rank = all.view({world, padded});
+  for (int r = 0; r < world; ++r) {
+    const auto rows = shard_range(shape.dim0, world, r);
+    if (rows.rows() == 0) continue;
+    full_rows.narrow(0, rows.begin, rows.rows())
+        .copy_(per_rank[r]
+                   .narrow(0, 0, rows.rows() * shape.row_numel)
+                   .view({rows.rows(), shape.row_numel}));
+  }
+  return full;
+}
+
+}  // namespace
+
 void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr& world,
                           const FullStateDictOptions& options,
                           const std::function<void(const std::string&, const at::Tensor&)>& visit) {
@@ -48,9 +67,7 @@ void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr&
     // Every rank joins every gather (in the same order), whether it keeps the result or not.
     // A tensor of the visitor's own: a replicated one is the live parameter or buffer, copied
     // (such tensors are the small ones: norms and biases outside units, buffers).
-    at::Tensor full = s.replicated
-                          ? s.local.detach().clone()
-                          : detail::all_gather_full(*s.shard_group, s.local, s.global_shape);
+    at::Tensor full = s.replicated ? s.local.detach().clone() : gather_full(s);
     if (!receives) continue;
     if (options.dtype && full.is_floating_point()) full = full.to(*options.dtype);
     if (options.cpu_offload) full = full.cpu();
@@ -122,15 +139,11 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
   FSDP_CHECK_ARG(world != nullptr, "set_model_state_dict: the process group is null");
   auto want = get_model_state_dict(model);
   std::vector<size_t> index;
-  std::string error;
-  try {
+  agree_on<InvalidArgument>(*world, "set_model_state_dict", [&] {
     index = match(
         model, want, state, [](const ShardedTensor& t) { return t.global_shape; },
         "set_model_state_dict");
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(*world, "set_model_state_dict", error);
+  });
   std::vector<detail::Move> moves;
   for (size_t i = 0; i < want.size(); ++i) {
     const ShardedTensor& src = state[index[i]].second;
@@ -147,17 +160,13 @@ void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
   const bool reads = !rank0_only || world->rank() == 0;
   auto want = get_model_state_dict(model);
   std::vector<size_t> index;
-  std::string error;
-  try {
+  agree_on<InvalidArgument>(*world, "set_model_state_dict", [&] {
     if (reads) {
       index = match(
           model, want, state, [](const at::Tensor& t) { return t.sizes().vec(); },
           "set_model_state_dict");
     }
-  } catch (...) {
-    error = detail::current_exception_message();
-  }
-  detail::agree_or_throw(*world, "set_model_state_dict", error);
+  });
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < want.size(); ++i) {
     const ShardedTensor& dst = want[i].second;

@@ -42,14 +42,18 @@ std::string dtype_name(at::ScalarType t) {
 
 }  // namespace
 
-SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> specs,
-                                     const std::map<std::string, std::string>& metadata)
-    : path_(path), specs_(std::move(specs)) {
+namespace {
+
+// The header of a file holding `specs` in order, checked before any file is touched: 8 bytes of
+// length, then the JSON padded so that the data starts 8-byte aligned.
+std::string safetensors_header(const std::string& path,
+                               const std::vector<SafetensorsWriter::Spec>& specs,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const auto& spec : specs_) {
+  for (const auto& spec : specs) {
     FSDP_CHECK_ARG(!spec.name.empty() && spec.name != "__metadata__",
                    "write_safetensors({}): invalid tensor name '{}'", path, spec.name);
     FSDP_CHECK_ARG(names.insert(spec.name).second, "write_safetensors({}): tensor '{}' given twice",
@@ -62,35 +66,44 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> 
     offset += bytes;
   }
   std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  out_ = std::make_unique<std::ofstream>(path, std::ios::binary | std::ios::trunc);
-  if (!*out_) throw Error(fmt::format("write_safetensors: cannot open {} for writing", path));
-  uint64_t n = json.size();
-  out_->write(reinterpret_cast<const char*>(&n), sizeof(n));
-  out_->write(json.data(), static_cast<std::streamsize>(json.size()));
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const uint64_t n = json.size();
+  return std::string(reinterpret_cast<const char*>(&n), sizeof(n)) + json;
+}
+
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Spec> specs,
+                                     const std::map<std::string, std::string>& metadata)
+    : SafetensorsWriter(path, safetensors_header(path, specs, metadata), std::move(specs)) {}
+
+// `specs` by reference: the delegating constructor reads it for the header in the same
+// argument list, so it must not be moved from until here.
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::string& header,
+                                     std::vector<Spec>&& specs)
+    : specs_(std::move(specs)), out_(path) {
+  out_.write(header);
 }
 
 void SafetensorsWriter::write_next(const at::Tensor& tensor) {
-  FSDP_CHECK_ARG(next_ < specs_.size(), "write_safetensors({}): more tensors than declared", path_);
+  FSDP_CHECK_ARG(next_ < specs_.size(), "write_safetensors({}): more tensors than declared",
+                 out_.path());
   const Spec& spec = specs_[next_];
   FSDP_CHECK_ARG(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape,
-                 "write_safetensors({}): tensor '{}' is {} {}, declared {} {}", path_, spec.name,
-                 c10::toString(tensor.scalar_type()), tensor.sizes(), c10::toString(spec.dtype),
-                 spec.shape);
+                 "write_safetensors({}): tensor '{}' is {} {}, declared {} {}", out_.path(),
+                 spec.name, c10::toString(tensor.scalar_type()), tensor.sizes(),
+                 c10::toString(spec.dtype), spec.shape);
   auto cpu = tensor.detach().to(at::kCPU).contiguous();
-  out_->write(static_cast<const char*>(cpu.data_ptr()),
-              static_cast<std::streamsize>(cpu.numel() * cpu.element_size()));
+  out_.write(cpu.data_ptr(), static_cast<size_t>(cpu.numel() * cpu.element_size()));
   ++next_;
 }
 
 void SafetensorsWriter::finish() {
   if (next_ != specs_.size()) {
-    throw Error(fmt::format("write_safetensors({}): {} of {} tensors written", path_, next_,
+    throw Error(fmt::format("write_safetensors({}): {} of {} tensors written", out_.path(), next_,
                             specs_.size()));
   }
-  out_->flush();
-  if (!*out_) throw Error(fmt::format("write_safetensors: writing {} failed", path_));
-  out_->close();
+  out_.close();
 }
 
 void write_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "fsdp/errors.h"
-#include "runtime/local_shards.h"
+#include "fsdp/runtime/sharded_tensor.h"
 #include "util/check.h"
 
 namespace fsdp {
@@ -62,11 +62,35 @@ std::vector<at::Tensor> defined_grads(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
+// Shards of fully_shard units (their storage tells) must be sharded over exactly `pg`'s ranks:
+// over more (the world of a hybrid mesh) every replica's copy of a shard would count again, a
+// norm sqrt(replicas) too large; over fewer, shards would be missing.
+void check_sharded_over(const std::vector<at::Tensor>& params, const ProcessGroup& pg,
+                        const char* what) {
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    const auto s = shard_of(p);
+    if (!s || s->shard_group->size() == pg.size()) continue;
+    const int replicas = s->replicate_group ? s->replicate_group->size() : 1;
+    FSDP_CHECK_ARG(replicas == 1,
+                   "{}: the parameters are sharded over {} ranks and replicated over {} "
+                   "(hybrid sharding), but the group given has {} ranks: each replica's copy of "
+                   "a shard would count again; pass the mesh (or its shard group), or clip the "
+                   "model (clip_grad_norm_(model, ...))",
+                   what, s->shard_group->size(), replicas, pg.size());
+    throw InvalidArgument(fmt::format(
+        "{}: the parameters are sharded over {} ranks, but the group given has {}; pass the "
+        "group that shards them, or clip the model (clip_grad_norm_(model, ...))",
+        what, s->shard_group->size(), pg.size()));
+  }
+}
+
 // The global norm of the gradients of `params`, sharded over `pg`.
 double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr& pg,
                    double norm_type, const char* what) {
   FSDP_CHECK_ARG(pg != nullptr, "{}: the process group is null", what);
   check_norm_type(norm_type, what);
+  check_sharded_over(params, *pg, what);
   c10::NoGradGuard no_grad;
   const auto device = params.empty() ? pg->device() : params.front().device();
   return finish_norm(combine(local_part(defined_grads(params), norm_type, device), *pg, norm_type),
@@ -83,11 +107,11 @@ double model_norm(const FSDPModule& model, double norm_type, const char* what,
   const bool inf = std::isinf(norm_type);
   std::vector<at::Tensor> sharded, whole;
   ProcessGroupPtr group;
-  for (const auto& s : detail::local_shards(*model.nn_module(), /*allow_gathered=*/true)) {
-    if (!s.tensor.grad().defined()) continue;
-    grads.push_back(s.tensor.grad());
+  for (const auto& [name, s] : parameter_gradient_shards(*model.nn_module())) {
+    if (!s.local.grad().defined()) continue;
+    grads.push_back(s.local.grad());
     if (s.replicated) {
-      whole.push_back(s.tensor.grad());
+      whole.push_back(s.local.grad());
       continue;
     }
     FSDP_CHECK_ARG(!group || group == s.shard_group || group->size() == s.shard_group->size(),
@@ -95,7 +119,7 @@ double model_norm(const FSDPModule& model, double norm_type, const char* what,
                    "{} ranks); clip each group's parameters with the (params, group) form",
                    what, group->size(), s.shard_group->size());
     if (!group) group = s.shard_group;
-    sharded.push_back(s.tensor.grad());
+    sharded.push_back(s.local.grad());
   }
   const auto device = grads.empty() ? at::Device(at::kCPU) : grads.front().device();
   at::Tensor mine = local_part(sharded, norm_type, device);

@@ -7,8 +7,8 @@
 #include <tuple>
 
 #include "fsdp/errors.h"
-#include "tools/range.h"
 #include "util/check.h"
+#include "util/profiler_range.h"
 
 namespace fsdp {
 

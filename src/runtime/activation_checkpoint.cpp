@@ -12,7 +12,6 @@
 // run as they do without checkpointing. Units called inside the recomputed forward gather their
 // parameters for the backward that follows at once and leave the forward order alone
 // (UnitState::pre_forward).
-// hooks see the tree in its backward phase.
 #include "runtime/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,7 +24,7 @@
 
 #include "fsdp/errors.h"
 #include "runtime/unit_state.h"
-#include "tools/range.h"
+#include "util/profiler_range.h"
 
 namespace fsdp::detail {
 namespace {

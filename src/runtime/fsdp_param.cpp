@@ -6,49 +6,51 @@
 namespace fsdp::detail {
 namespace {
 
-// A shard's bytes: the allocation it was made with, and the unit it belongs to. Its deleter is
-// the mark is_fsdp_shard reads.
+// A shard's bytes: the allocation it was made with, and its mark. Its deleter is what
+// shard_mark recognises.
 struct ShardBytes {
   at::DataPtr allocation;
-  std::string owner;
+  ShardMark mark;
 };
 
 void delete_shard_bytes(void* ctx) { delete static_cast<ShardBytes*>(ctx); }
 
-// Re-wraps `t`'s storage bytes in a DataPtr that marks them as a shard of `owner`.
-void mark_as_shard(const at::Tensor& t, const std::string& owner) {
+// Re-wraps `t`'s storage bytes in a DataPtr that carries `mark`.
+void mark_as_shard(const at::Tensor& t, ShardMark mark) {
   auto* storage = t.storage().unsafeGetStorageImpl();
   const auto device = storage->device();
   at::DataPtr allocation = storage->set_data_ptr(at::DataPtr(nullptr, device));
   void* data = allocation.get();
-  auto* bytes = new ShardBytes{std::move(allocation), owner};
+  auto* bytes = new ShardBytes{std::move(allocation), std::move(mark)};
   storage->set_data_ptr_noswap(at::DataPtr(data, bytes, &delete_shard_bytes, device));
 }
 
 }  // namespace
 
-bool is_fsdp_shard(const at::Tensor& t, std::string* owner) {
-  if (!t.defined() || !t.has_storage()) return false;
+const ShardMark* shard_mark(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
   const at::DataPtr& ptr = t.storage().data_ptr();
-  if (ptr.get_deleter() != &delete_shard_bytes) return false;
-  if (owner) *owner = static_cast<const ShardBytes*>(ptr.get_context())->owner;
-  return true;
+  if (ptr.get_deleter() != &delete_shard_bytes) return nullptr;
+  return &static_cast<const ShardBytes*>(ptr.get_context())->mark;
 }
 
-FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype,
+FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
+                     const ProcessGroupPtr& replicate, at::ScalarType compute_dtype,
                      const std::string& owner)
-    : param_(std::move(param)) {
+    : param_(std::move(param)), shard_group_(shard), replicate_group_(replicate) {
   at::NoGradGuard no_grad;
+  const int world = shard->size();
   full_shape_ = param_.sizes().vec();
   row_numel_ = 1;
   for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
   for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
-  const ShardRange& mine = ranges_[rank];
+  const ShardRange& mine = ranges_[shard->rank()];
   shard_ = param_.detach().narrow(0, mine.begin, mine.rows()).clone().contiguous();
-  mark_as_shard(shard_, owner);
+  mark_as_shard(shard_, ShardMark{owner, full_shape_, mine.begin, shard, replicate,
+                                  replicate ? replicate->rank() : 0});
   full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());
-  // The full tensor starts without bytes; gathers allocate them.
+  // The full tensor starts without bytes; gathers attach them.
   auto* storage = full_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
@@ -60,24 +62,30 @@ FsdpParam::FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compu
   }
 }
 
-void FsdpParam::allocate_full(Accounting& acct) {
-  if (full_allocated_) return;
-  auto* storage = full_.storage().unsafeGetStorageImpl();
-  // The bytes come from the tensor's own device, whatever the current device is (a rank
-  // whose GPU is not the current one).
-  c10::DeviceGuard device(full_.device());
-  storage->set_data_ptr(acct.pool->take_bytes(full_nbytes_, full_.device(), storage->allocator()));
-  storage->set_nbytes(full_nbytes_);
-  full_allocated_ = true;
-  acct.add_full(full_nbytes_);
+ShardedTensor FsdpParam::view() const {
+  ShardedTensor v;
+  v.local = param_;
+  v.global_shape = full_shape_;
+  v.row_offset = ranges_[shard_group_->rank()].begin;
+  v.shard_group = shard_group_;
+  v.replica = replicate_group_ ? replicate_group_->rank() : 0;
+  v.replicate_group = replicate_group_;
+  return v;
 }
 
-const at::Tensor& FsdpParam::allocate_full_tensor(Accounting& acct) {
-  allocate_full(acct);
+at::Allocator* FsdpParam::full_allocator() const {
+  return full_.storage().unsafeGetStorageImpl()->allocator();
+}
+
+const at::Tensor& FsdpParam::attach_full(at::DataPtr bytes) {
+  auto* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr(std::move(bytes));
+  storage->set_nbytes(full_nbytes_);
+  full_allocated_ = true;
   return full_;
 }
 
-void FsdpParam::release_full(Accounting& acct) {
+void FsdpParam::release_full() {
   if (!full_allocated_) return;
   auto* storage = full_.storage().unsafeGetStorageImpl();
   // Dropping the DataPtr frees the bytes (to the pool); views autograd saved keep the (now
@@ -85,27 +93,6 @@ void FsdpParam::release_full(Accounting& acct) {
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
   full_allocated_ = false;
-  acct.add_full(-full_nbytes_);
-}
-
-void FsdpParam::copy_shard_to(const at::Tensor& dst) const {
-  const int64_t n = shard_.numel();
-  if (n > 0) dst.narrow(0, 0, n).copy_(shard_.view(-1));
-  // Padding is sent too: zero exactly that tail rather than the whole buffer.
-  if (n < dst.numel()) dst.narrow(0, n, dst.numel() - n).zero_();
-}
-
-void FsdpParam::copy_full_from(const at::Tensor& gathered, int world, Accounting& acct) {
-  allocate_full(acct);
-  at::NoGradGuard no_grad;
-  auto full_rows = full_.view({full_shape_[0], row_numel_});
-  for (int r = 0; r < world; ++r) {
-    const ShardRange rows =
-        world == this->world() ? ranges_[r] : shard_range(full_shape_[0], world, r);
-    if (rows.rows() == 0) continue;
-    full_rows.narrow(0, rows.begin, rows.rows())
-        .copy_(gathered[r].narrow(0, 0, rows.rows() * row_numel_).view({rows.rows(), row_numel_}));
-  }
 }
 
 void FsdpParam::use_full() {
@@ -114,12 +101,10 @@ void FsdpParam::use_full() {
   holds_full_ = true;
 }
 
-void FsdpParam::use_shard(Accounting& acct) {
-  if (holds_full_) {
-    param_.set_data(shard_);
-    holds_full_ = false;
-  }
-  release_full(acct);
+void FsdpParam::use_shard() {
+  if (!holds_full_) return;
+  param_.set_data(shard_);
+  holds_full_ = false;
 }
 
 void FsdpParam::capture_full_grad(const at::Tensor& grad) {
@@ -163,41 +148,6 @@ at::Tensor FsdpParam::take_full_grad() {
   }
   full_grad_ = at::Tensor();
   return grad;
-}
-
-bool FsdpParam::take_full_grad_into(const at::Tensor& dst) {
-  at::NoGradGuard no_grad;
-  at::Tensor grad = take_full_grad();
-  if (!grad.defined()) {
-    dst.zero_();  // contributes nothing to the reduction
-    return false;
-  }
-  auto grad_rows = grad.reshape({full_shape_[0], row_numel_});
-  const int64_t padded = padded_numel();
-  for (size_t r = 0; r < ranges_.size(); ++r) {
-    const int64_t n = ranges_[r].rows() * row_numel_;
-    if (n > 0) {
-      dst[r]
-          .narrow(0, 0, n)
-          .view({ranges_[r].rows(), row_numel_})
-          .copy_(grad_rows.narrow(0, ranges_[r].begin, ranges_[r].rows()));
-    }
-    if (n < padded) dst[r].narrow(0, n, padded - n).zero_();  // padding rows
-  }
-  return true;
-}
-
-void FsdpParam::accumulate_shard_grad(const at::Tensor& reduced) {
-  at::NoGradGuard no_grad;
-  auto g = reduced.narrow(0, 0, shard_.numel()).view(shard_.sizes());
-  at::Tensor& slot = param_.mutable_grad();
-  if (slot.defined()) {
-    slot.add_(g);
-  } else {
-    // Always a fresh tensor: `reduced` views a communication buffer about to be freed, and
-    // optimizers detach_() grads, which views do not allow.
-    slot = g.to(orig_dtype(), /*non_blocking=*/false, /*copy=*/true);
-  }
 }
 
 int64_t FsdpParam::sharded_grad_bytes() const {

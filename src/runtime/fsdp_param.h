@@ -14,16 +14,22 @@
 // grad(): a pre-hook on the parameter's gradient accumulator takes it (capture_full_grad) and
 // hands the accumulator nothing, so it accumulates nothing (FSDP2 keeps the two apart by
 // registering a different Parameter object while unsharded; here the Tensor stays the same).
+//
+// The public view of a parameter (fsdp/runtime/sharded_tensor.h: its rows, their offset, the
+// global shape, the groups) is made here (view()), and its shard's storage carries the same
+// facts (ShardMark), so that a bare tensor can be recognised.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/layout.h"
-#include "runtime/accounting.h"
+#include "fsdp/runtime/sharded_tensor.h"
 
 namespace torch::autograd {
 struct Node;
@@ -31,17 +37,27 @@ struct Node;
 
 namespace fsdp::detail {
 
-// Whether `t` holds a shard some FsdpParam made (its storage's bytes are marked as FSDP's), and
-// then the unit that made it (`owner`). A property of the tensor itself: no map of every
-// sharded parameter exists, yet a module sharded again inside a sharded one is caught.
-bool is_fsdp_shard(const at::Tensor& t, std::string* owner = nullptr);
+// What a shard's storage carries besides its bytes: the unit that made it and the rows it
+// holds of which tensor over which groups. A property of the tensor itself: no map of every
+// sharded parameter exists, yet a module sharded again inside a sharded one is caught
+// (fully_shard.cpp) and a bare parameter tells what it is a shard of (fsdp::shard_of).
+struct ShardMark {
+  std::string owner;  // the unit, for messages
+  std::vector<int64_t> full_shape;
+  int64_t row_offset = 0;
+  std::weak_ptr<ProcessGroup> shard_group, replicate_group;
+  int replica = 0;
+};
+// The mark of `t`'s storage, or null when no FsdpParam made it.
+const ShardMark* shard_mark(const at::Tensor& t);
 
 class FsdpParam {
  public:
-  // Shards `param` in place (set_data to this rank's rows). `compute_dtype` is the dtype of
-  // the full tensor used in forward/backward; `owner` names the unit, for messages.
-  FsdpParam(at::Tensor param, int rank, int world, at::ScalarType compute_dtype,
-            const std::string& owner);
+  // Shards `param` in place (set_data to this rank's rows of `shard`'s sharding; `replicate`
+  // is the hybrid replicate group or null). `compute_dtype` is the dtype of the full tensor used
+  // in forward/backward; `owner` names the unit, for messages.
+  FsdpParam(at::Tensor param, const ProcessGroupPtr& shard, const ProcessGroupPtr& replicate,
+            at::ScalarType compute_dtype, const std::string& owner);
 
   const at::Tensor& param() const { return param_; }
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
@@ -56,21 +72,26 @@ class FsdpParam {
   int64_t shard_bytes() const { return static_cast<int64_t>(shard_.nbytes()); }
   // This rank's shard (the same memory as param() holds while sharded).
   const at::Tensor& shard() const { return shard_; }
+  // The public view: `local` is the parameter itself, holding this rank's rows while sharded.
+  ShardedTensor view() const;
 
-  // Writes this rank's shard, cast to dst's dtype, into dst (padded_numel() elements; the
-  // padding is zeroed).
-  void copy_shard_to(const at::Tensor& dst) const;
-  // Fills the full tensor from a gathered [world, padded] view (one row per rank of a group of
-  // `world` ranks, this parameter sharded over them), allocating its bytes from `acct`'s pool
-  // first.
-  void copy_full_from(const at::Tensor& gathered, int world, Accounting& acct);
-  // The full tensor with its bytes allocated from `acct`'s pool, for a caller that fills every
-  // element itself (collectives.cpp's batched copy-out; copy_full_from is the one-parameter form).
-  const at::Tensor& allocate_full_tensor(Accounting& acct);
-  // Points the parameter at the full tensor, or back at the shard (releasing the full tensor's
-  // bytes to `acct`'s pool). grad() is untouched either way.
+  // The full tensor's storage comes and goes (see the file comment). Its bytes: how many, on
+  // which device, from which allocator when no pool serves them.
+  int64_t full_nbytes() const { return full_nbytes_; }
+  c10::Device device() const { return full_.device(); }
+  at::Allocator* full_allocator() const;
+  bool full_allocated() const { return full_allocated_; }
+  // Gives the full tensor `bytes` (full_nbytes() of them, contents undefined) and returns it, for
+  // a caller that fills every element (the all-gather's copy-out).
+  const at::Tensor& attach_full(at::DataPtr bytes);
+  // The full tensor (bytes present only between attach_full and release_full).
+  const at::Tensor& full() const { return full_; }
+  // Drops the full tensor's bytes (their DataPtr returns them where they came from); views
+  // autograd saved keep the (now empty) storage.
+  void release_full();
+  // Points the parameter at the full tensor, or back at the shard. grad() is untouched.
   void use_full();
-  void use_shard(Accounting& acct);
+  void use_shard();
 
   // Autograd's full gradient, from the accumulator's pre-hook: kept until this backward's
   // post-backward (added to when a parameter is used more than once).
@@ -82,13 +103,8 @@ class FsdpParam {
   // `dtype` (the reduce dtype, so that 16-bit gradients accumulate in 32 bits when the
   // reduction does).
   void keep_full_grad(at::ScalarType dtype);
-  // Writes the full gradients' rows (kept and this backward's) into a [world, padded_numel()]
-  // view in the reduce dtype, zeroing padding, and drops them. Without any it zeroes the whole
-  // view and returns false.
-  bool take_full_grad_into(const at::Tensor& dst);
   // The full gradient to reduce (the kept one and this backward's, summed; full shape, their
-  // dtype), undefined when there is none, and drops them: take_full_grad_into without the copy,
-  // for a caller that copies many parameters at once (collectives.cpp).
+  // dtype), undefined when there is none, and drops them.
   at::Tensor take_full_grad();
   // Drops this backward's full gradient (a failed backward's, or a parameter no longer
   // trainable); gradients kept by earlier backwards stay.
@@ -96,8 +112,6 @@ class FsdpParam {
   int64_t kept_grad_bytes() const {
     return kept_grad_.defined() ? static_cast<int64_t>(kept_grad_.nbytes()) : 0;
   }
-  // Adds this rank's reduced rows (padded_numel() elements, any dtype) to grad().
-  void accumulate_shard_grad(const at::Tensor& reduced);
   int64_t sharded_grad_bytes() const;
 
   // Whether autograd's accumulator for the current full tensor already carries our hook.
@@ -111,10 +125,8 @@ class FsdpParam {
   void release_hooked() { hooked_strong_.reset(); }
 
  private:
-  void allocate_full(Accounting& acct);
-  void release_full(Accounting& acct);
-
   at::Tensor param_;  // the user's Parameter: its TensorImpl never changes
+  ProcessGroupPtr shard_group_, replicate_group_;
   std::vector<int64_t> full_shape_;
   int64_t row_numel_;
   std::vector<ShardRange> ranges_;  // every rank's rows

@@ -11,7 +11,6 @@
 #endif
 
 #include "fsdp/errors.h"
-#include "runtime/local_shards.h"
 #include "runtime/unit_state.h"
 #include "util/check.h"
 
@@ -102,12 +101,12 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
       }
       continue;  // an inner unit's parameter
     }
-    std::string other;
-    FSDP_CHECK_ARG(!is_fsdp_shard(p, &other),
+    const ShardMark* other = shard_mark(p);
+    FSDP_CHECK_ARG(other == nullptr,
                    "fully_shard: parameter '{}' of {} already belongs to another fully_shard "
                    "unit, {}, that is not inside this module; shard inner modules before the "
                    "modules that contain them, and do not share parameters between units",
-                   item.key(), module.name(), other);
+                   item.key(), module.name(), other ? other->owner : "");
     FSDP_CHECK_ARG(p.dim() >= 1,
                    "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
                    "give it shape [1]",
@@ -193,45 +192,6 @@ void shard_module(const std::shared_ptr<torch::nn::Module>& module, const Device
   release_freed_heap_memory();
 }
 
-std::vector<LocalShard> local_shards(const torch::nn::Module& model, bool allow_gathered) {
-  // The units of the model, by the tensors they shard (through the module tree).
-  std::unordered_map<const c10::TensorImpl*, std::pair<const FsdpParam*, const UnitState*>> owner;
-  for (const auto& sub : model.modules(/*include_self=*/true)) {
-    auto s = unit_state_of(*sub);
-    if (!s) continue;
-    s->tree().recover_if_stale();
-    for (const auto& p : s->group().params()) {
-      owner[p.param().unsafeGetTensorImpl()] = {&p, s.get()};
-    }
-  }
-  std::vector<LocalShard> out;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    LocalShard shard{item.key(), p, p.sizes().vec(), 0, p.dim() == 0 ? 1 : p.size(0), true,
-                     nullptr,    0};
-    auto it = owner.find(p.unsafeGetTensorImpl());
-    if (it != owner.end()) {
-      const FsdpParam& fp = *it->second.first;
-      const ParamGroup& group = it->second.second->group();
-      FSDP_CHECK_ARG(allow_gathered || !fp.holds_full(),
-                     "parameter '{}' is gathered (full) now; checkpoints read shards: call "
-                     "them between steps, or reshard() after unshard()",
-                     item.key());
-      const ShardRange& rows = fp.range(group.pg()->rank());
-      shard.full_shape = fp.full_shape();
-      shard.row_begin = rows.begin;
-      shard.row_end = rows.begin + rows.rows();
-      shard.replicated = false;
-      shard.shard_group = group.pg();
-      shard.replica = group.replicate() ? group.replicate()->rank() : 0;
-    }
-    out.push_back(std::move(shard));
-  }
-  return out;
-}
-
 }  // namespace detail
 
 // --- FSDPModule ---------------------------------------------------------------------------------
@@ -274,7 +234,7 @@ void check_not_in_backward(detail::UnitState& s, const std::string& what) {
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
   auto s = state("FSDPModule::unshard");
-  s->unshard_async();
+  s->group().unshard();
   UnshardHandle handle(s);
   if (!async_op) handle.wait();
   return handle;
@@ -282,33 +242,42 @@ UnshardHandle FSDPModule::unshard(bool async_op) {
 
 void UnshardHandle::wait() {
   if (!state_) return;
-  state_->wait_unshard();
+  state_->group().wait_for_unshard();
   state_.reset();
 }
 
-void FSDPModule::reshard() { state("FSDPModule::reshard")->reshard(); }
+void FSDPModule::reshard() { state("FSDPModule::reshard")->group().reshard(); }
+
+TrainingState FSDPModule::training_state() const {
+  return state("FSDPModule::training_state")->group().training_state();
+}
+
+ShardedState FSDPModule::sharded_state() const {
+  return state("FSDPModule::sharded_state")->group().sharded_state();
+}
 
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
   auto s = state("set_requires_gradient_sync");
   check_not_in_backward(*s, fmt::format("set_requires_gradient_sync({})", sync));
-  for (auto* u : units_of(*s, recurse)) u->settings().requires_gradient_sync = sync;
+  for (auto* u : units_of(*s, recurse)) u->group().settings().requires_gradient_sync = sync;
 }
 
 void FSDPModule::set_requires_all_reduce(bool all_reduce, bool recurse) {
   auto s = state("set_requires_all_reduce");
   check_not_in_backward(*s, fmt::format("set_requires_all_reduce({})", all_reduce));
-  for (auto* u : units_of(*s, recurse)) u->settings().requires_all_reduce = all_reduce;
+  for (auto* u : units_of(*s, recurse)) u->group().settings().requires_all_reduce = all_reduce;
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
   auto s = state("set_reshard_after_forward");
-  for (auto* u : units_of(*s, recurse)) u->settings().reshard_after_forward = reshard;
+  check_not_in_backward(*s, fmt::format("set_reshard_after_forward({})", reshard));
+  for (auto* u : units_of(*s, recurse)) u->group().settings().reshard_after_forward = reshard;
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
   auto s = state("set_reshard_after_backward");
   check_not_in_backward(*s, fmt::format("set_reshard_after_backward({})", reshard));
-  for (auto* u : units_of(*s, recurse)) u->settings().reshard_after_backward = reshard;
+  for (auto* u : units_of(*s, recurse)) u->group().settings().reshard_after_backward = reshard;
 }
 
 namespace {
@@ -326,14 +295,14 @@ std::vector<std::weak_ptr<detail::UnitState>> states_of(const std::vector<FSDPMo
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& units) {
   auto s = state("set_modules_to_forward_prefetch");
-  s->settings().forward_prefetch = states_of(units, "set_modules_to_forward_prefetch");
-  s->settings().explicit_forward_prefetch = true;
+  s->prefetch_settings().forward = states_of(units, "set_modules_to_forward_prefetch");
+  s->prefetch_settings().explicit_forward = true;
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& units) {
   auto s = state("set_modules_to_backward_prefetch");
-  s->settings().backward_prefetch = states_of(units, "set_modules_to_backward_prefetch");
-  s->settings().explicit_backward_prefetch = true;
+  s->prefetch_settings().backward = states_of(units, "set_modules_to_backward_prefetch");
+  s->prefetch_settings().explicit_backward = true;
 }
 
 void FSDPModule::set_is_last_backward(bool last) {
@@ -344,18 +313,19 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   FSDP_CHECK_ARG(std::isfinite(factor) && factor > 0,
                  "set_gradient_divide_factor: the factor must be a positive finite number, got {}",
                  factor);
-  state("set_gradient_divide_factor")->settings().gradient_divide_factor = factor;
+  state("set_gradient_divide_factor")->group().settings().gradient_divide_factor = factor;
 }
 
 void FSDPModule::set_reduce_scatter_unused_params(bool on, bool recurse) {
   auto s = state("set_reduce_scatter_unused_params");
-  for (auto* u : units_of(*s, recurse)) u->settings().reduce_scatter_unused_params = on;
+  check_not_in_backward(*s, fmt::format("set_reduce_scatter_unused_params({})", on));
+  for (auto* u : units_of(*s, recurse)) u->group().settings().reduce_scatter_unused_params = on;
 }
 
 MemoryStats FSDPModule::memory_stats() const { return state("memory_stats")->memory_stats(); }
 
 CommStats FSDPModule::comm_stats() const {
-  return CommStats{state("comm_stats")->tree().acct().exposed_comm_seconds};
+  return CommStats{state("comm_stats")->group().comm().exposed()};
 }
 
 std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {

@@ -1,61 +1,75 @@
 #include "runtime/param_group.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
-#include "runtime/collectives.h"
+#include "runtime/all_gather.h"
+#include "runtime/tree.h"
 #include "util/check.h"
 
 namespace fsdp::detail {
 namespace {
 
-// Runs before autograd's accumulator of a full parameter: hands the gradient to FSDP and the
-// accumulator nothing (an undefined gradient, which AccumulateGrad skips), so grad() keeps the
-// sharded gradient (fsdp_param.h).
+// Runs before autograd's accumulator of a parameter: hands the gradient to its group, and the
+// accumulator nothing (an undefined gradient, which AccumulateGrad skips) when the group took
+// it, so that grad() keeps the sharded gradient (fsdp_param.h).
 class CaptureGradHook final : public torch::autograd::FunctionPreHook {
  public:
-  CaptureGradHook(size_t index, std::function<void(size_t, const at::Tensor&)> on_grad)
-      : index_(index), on_grad_(std::move(on_grad)) {}
+  CaptureGradHook(std::weak_ptr<ParamGroup> group, size_t index)
+      : group_(std::move(group)), index_(index) {}
 
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    if (!grads.empty() && grads[0].defined()) on_grad_(index_, grads[0]);
+    if (grads.empty() || !grads[0].defined()) return grads;
+    auto group = group_.lock();
+    if (!group || !group->take_param_grad(index_, grads[0])) return grads;
     return {at::Tensor()};
   }
 
  private:
+  std::weak_ptr<ParamGroup> group_;
   size_t index_;
-  std::function<void(size_t, const at::Tensor&)> on_grad_;
 };
-
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
 }  // namespace
 
 ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
                        const DeviceMesh& mesh, MixedPrecisionPolicy mp,
                        ProcessGroupPtr post_forward, const std::string& owner)
-    : pg_(mesh.shard), replicate_(mesh.replicate), post_forward_(std::move(post_forward)) {
+    : pg_(mesh.shard),
+      replicate_(mesh.replicate),
+      range_names_(std::make_shared<UnitRangeNames>()),
+      tree_(std::make_shared<Tree>()),
+      comm_(tree_->comm_ptr()),
+      post_forward_(std::move(post_forward)) {
   at::ScalarType orig = params.empty() ? at::kFloat : params.front().second.scalar_type();
   compute_dtype_ = mp.param_dtype.value_or(orig);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
-  int world = pg_->size();
+  params_.reserve(params.size());  // FsdpParam addresses stay fixed: reductions refer to them
   for (auto& item : params) {
-    params_.emplace_back(item.second, pg_->rank(), world, compute_dtype_, owner);
+    params_.emplace_back(item.second, pg_, replicate_, compute_dtype_, owner);
   }
-  gather_layout_ = flat_layout(shapes(), world);
+  gather_layout_ = flat_layout(shapes(), pg_->size());
   for (const auto& p : params_) trainable_.push_back(p.requires_grad());
-  reduce_layout_ = flat_layout(shapes(), world, trainable_);
-  if (post_forward_) {
-    post_forward_shapes_ = shapes();
-    post_forward_layout_ = flat_layout(post_forward_shapes_, post_forward_->size());
-  }
+  reduce_layout_ = flat_layout(shapes(), pg_->size(), trainable_);
+  if (post_forward_) post_forward_layout_ = flat_layout(shapes(), post_forward_->size());
   // One rank holding everything in its own dtype: the shard is the full parameter and autograd's
   // gradient is already the reduced one, so no copy and no collective is needed.
   // (With replicas the gradient still has to be averaged across them.)
-  passthrough_ = world == 1 && !replicate_ && compute_dtype_ == orig && reduce_dtype_ == orig;
+  params_pass_through_ =
+      pg_->size() == 1 && !replicate_ && compute_dtype_ == orig && reduce_dtype_ == orig;
+}
+
+void ParamGroup::join(std::shared_ptr<Tree> tree) {
+  tree_ = std::move(tree);
+  comm_ = tree_->comm_ptr();
+}
+
+void ParamGroup::set_unit_name(const std::string& name) {
+  range_names_ = std::make_shared<UnitRangeNames>(name);
 }
 
 std::vector<ParamShape> ParamGroup::shapes() const {
@@ -69,234 +83,254 @@ at::TensorOptions ParamGroup::buffer_options(at::ScalarType dtype) const {
   return at::TensorOptions().dtype(dtype).device(pg_->device());
 }
 
-void ParamGroup::unshard_async(Accounting& acct) {
-  if (state_ != State::kSharded || params_.empty() || passthrough_) return;
-  FSDP_RANGE(range_names_.all_gather);
-  const bool small = post_forward_shard_.defined();
-  ProcessGroup& group = small ? *post_forward_ : *pg_;
-  const int64_t per_rank = small ? post_forward_layout_.total : gather_layout_.total;
-  auto opts = buffer_options(compute_dtype_);
-  if (small) {
-    gather_in_ = std::move(post_forward_shard_);  // written after forward
-    post_forward_shard_ = at::Tensor();
-  } else {
-    gather_in_ = acct.pool->take(per_rank, opts);  // copy-in writes every element
-    FSDP_RANGE("fsdp::all_gather_copy_in");
-    all_gather_copy_in(params_, gather_layout_, gather_in_);
-  }
-  gather_out_ = acct.pool->take(group.size() * per_rank, opts);
-  acct.add_comm(bytes_of(gather_out_) + (small ? 0 : bytes_of(gather_in_)));
-  gather_work_ = group.all_gather(gather_out_, gather_in_);
-  gathering_small_ = small;
-  state_ = State::kGathering;
+bool ParamGroup::reshard_after_forward() const {
+  return settings_.reshard_after_forward.value_or(nested_ || post_forward_ != nullptr);
 }
 
-void ParamGroup::wait_unshard(Accounting& acct) {
-  if (params_.empty() || passthrough_) {
-    state_ = State::kFull;
-    return;
-  }
-  if (state_ == State::kFull) return;
-  if (state_ == State::kSharded) unshard_async(acct);
-  {
-    FSDP_RANGE(range_names_.all_gather_wait);
-    gather_work_->wait_timed(acct.exposed_comm_seconds);
-  }
-  {
-    FSDP_RANGE("fsdp::all_gather_copy_out");
-    if (gathering_small_) {
-      all_gather_copy_out(params_, post_forward_layout_, gather_out_, *post_forward_, acct);
-    } else {
-      all_gather_copy_out(params_, gather_layout_, gather_out_, *pg_, acct);
-    }
-  }
-  release_gather_buffers(acct);
-  state_ = State::kFull;
+// --- the lifecycle -------------------------------------------------------------------------------
+
+void ParamGroup::pre_forward() {
+  training_ = TrainingState::kForward;
+  wait_for_unshard();
+  if (at::GradMode::is_enabled()) arm_grad_hooks();
 }
 
-void ParamGroup::release_gather_buffers(Accounting& acct) {
-  gather_work_.reset();
-  acct.add_comm(-(bytes_of(gather_in_) + bytes_of(gather_out_)));
-  acct.pool->give(std::move(gather_in_));
-  acct.pool->give(std::move(gather_out_));
-  gather_in_ = gather_out_ = at::Tensor();
+void ParamGroup::post_forward(AfterForward what) {
+  training_ = TrainingState::kIdle;
+  switch (what) {
+    case AfterForward::kKeep:
+      return;
+    case AfterForward::kFree:
+      reshard();
+      return;
+    case AfterForward::kAsSet:
+      if (!reshard_after_forward()) return;
+      if (post_forward_) {
+        reshard_to_post_forward();
+      } else {
+        reshard();
+      }
+      return;
+  }
 }
 
-void ParamGroup::reshard(Accounting& acct) {
-  if (state_ == State::kGathering) {
-    // A prefetch nobody consumed: let it land before its buffers go.
-    gather_work_->wait();
-    release_gather_buffers(acct);
-  }
-  if (post_forward_shard_.defined()) {
-    acct.add_comm(-bytes_of(post_forward_shard_));
-    acct.pool->give(std::move(post_forward_shard_));
-    post_forward_shard_ = at::Tensor();
-  }
-  for (auto& p : params_) p.use_shard(acct);
-  state_ = State::kSharded;
-}
-
-void ParamGroup::reshard_to_post_forward(Accounting& acct) {
-  if (!post_forward_ || state_ != State::kFull || passthrough_ || params_.empty()) {
-    reshard(acct);
-    return;
-  }
-  // This rank's rows of the smaller group's sharding, from the full parameters it holds now.
-  auto shard = acct.pool->take(post_forward_layout_.total, buffer_options(compute_dtype_));
-  copy_rows_for_rank(params_, post_forward_layout_, post_forward_->rank(), post_forward_->size(),
-                     shard);
-  reshard(acct);
-  post_forward_shard_ = std::move(shard);
-  acct.add_comm(bytes_of(post_forward_shard_));
-}
-
-size_t ParamGroup::arm_grad_hooks(const std::function<void(size_t, const at::Tensor&)>& on_grad) {
-  if (passthrough_) return 0;
-  // What is trainable is read at each forward (FSDP2 reads it at each backward): freezing or
-  // unfreezing after fully_shard changes what the reduce-scatter carries.
-  std::vector<bool> trainable;
-  for (const auto& p : params_) trainable.push_back(p.requires_grad());
-  if (trainable != trainable_ && !reduction_in_flight()) {
-    trainable_ = std::move(trainable);
-    reduce_layout_ = flat_layout(shapes(), pg_->size(), trainable_);
-  }
-  size_t expected = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i];
-    if (!p.requires_grad()) continue;
-    ++expected;
-    auto node = torch::autograd::impl::grad_accumulator(p.param());
-    if (!node || p.hooked(node)) continue;
-    node->add_pre_hook(std::make_unique<CaptureGradHook>(i, on_grad));
-    p.set_hooked(std::move(node));
-  }
-  return expected;
-}
-
-bool ParamGroup::post_backward(Accounting& acct, const ReduceSettings& settings, bool reshard_now) {
-  // One rank in its own dtype: autograd already accumulates into the (unsharded) shard.
-  if (passthrough_) return false;
-  bool any_grad = false;
-  for (const auto& p : params_) any_grad = any_grad || p.has_full_grad();
-  // Never gathered for backward (output unused, eval) and nothing kept: nothing to reduce.
-  if (!settings.if_unused && !any_grad && state_ != State::kFull) return false;
-  if (!settings.reduce) {
-    for (auto& p : params_) p.keep_full_grad(reduce_dtype_);
-    if (reshard_now) reshard(acct);
+bool ParamGroup::pre_backward() {
+  if (training_ == TrainingState::kPreBackward || training_ == TrainingState::kPostBackward) {
     return false;
   }
-  if (reduce_layout_.total == 0 || (!any_grad && !settings.if_unused)) {
-    // The same on every rank (the graphs are the same): nothing took a gradient.
-    if (reshard_now) reshard(acct);
-    return false;
-  }
-  FSDP_RANGE(range_names_.reduce_scatter);
-  int world = pg_->size();
-  auto opts = buffer_options(reduce_dtype_);
-  // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.
-  auto in = acct.pool->take(world * reduce_layout_.total, opts);
-  {
-    FSDP_RANGE("fsdp::reduce_scatter_copy_in");
-    reduced_had_grad_ = reduce_scatter_copy_in(params_, reduce_layout_, in, world);
-  }
-  if (settings.if_unused) {
-    // Ranks may differ in which parameters got a gradient: the reduced rows land in every
-    // trainable parameter, as FSDP2 gives the unused ones zero gradients before reducing.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (reduce_layout_.offset[i] >= 0) reduced_had_grad_[i] = true;
-    }
-  }
-  if (reshard_now) reshard(acct);  // full gradients are gone; full parameters are not needed
-  reduce_in_ = in;
-  reduce_out_ = acct.pool->take(reduce_layout_.total, opts);
-  acct.add_comm(bytes_of(reduce_in_) + bytes_of(reduce_out_));
-  all_reduce_wanted_ = settings.all_reduce;
-  divide_factor_ = settings.divide_factor;
-  // A custom factor divides the sum once at the end; the default averages at each level (the
-  // engines' own average, as FSDP2 does).
-  reduce_work_ = pg_->reduce_scatter(reduce_out_, reduce_in_,
-                                     divide_factor_ > 0 ? ReduceOp::kSum : ReduceOp::kAvg);
+  training_ = TrainingState::kPreBackward;
+  wait_for_unshard();
   return true;
 }
 
-void ParamGroup::start_all_reduce(Accounting& acct) {
-  if (!reduce_work_ || all_reduce_issued_ || !replicate_) return;
-  {
-    FSDP_RANGE(range_names_.reduce_scatter_wait);
-    reduce_work_->wait_timed(acct.exposed_comm_seconds);
-  }
-  // The reduce-scatter's input (world-sized) is spent: back to the pool now, so that the next
-  // unit's reduce-scatter reuses it while this all-reduce runs. Resetting the work drops the
-  // backend's last reference to it.
-  reduce_work_.reset();
-  acct.add_comm(-bytes_of(reduce_in_));
-  acct.pool->give(std::move(reduce_in_));
-  reduce_in_ = at::Tensor();
-  if (pending_reduced_.defined()) {
-    // Shards kept by backwards without the all-reduce join this one.
-    FSDP_CHECK_ARG(pending_reduced_.numel() == reduce_out_.numel(),
-                   "fsdp: the trainable parameters of a unit changed while reduced gradients "
-                   "waited for their all-reduce (set_requires_all_reduce(false)); change "
-                   "requires_grad only after a backward with the all-reduce on");
-    reduce_out_.add_(pending_reduced_);
-    pending_reduced_ = at::Tensor();
-    for (size_t i = 0; i < reduced_had_grad_.size() && i < pending_had_grad_.size(); ++i) {
-      reduced_had_grad_[i] = reduced_had_grad_[i] || pending_had_grad_[i];
-    }
-    pending_had_grad_.clear();
-  }
-  if (!all_reduce_wanted_) return;
-  FSDP_RANGE(range_names_.all_reduce);
-  // The shard group averaged over its ranks; averaging over the replicas makes it the average
-  // over the world. In place on the reduced shard: no further buffer.
-  reduce_work_ =
-      replicate_->all_reduce(reduce_out_, divide_factor_ > 0 ? ReduceOp::kSum : ReduceOp::kAvg);
-  all_reduce_issued_ = true;
+void ParamGroup::pre_recompute() {
+  wait_for_unshard();
+  arm_grad_hooks();
 }
 
-void ParamGroup::finish_reduce(Accounting& acct) {
-  if (!reduce_out_.defined()) return;  // nothing reduced since the last finish
-  start_all_reduce(acct);
-  if (reduce_work_) {  // the all-reduce (hybrid) or the reduce-scatter
-    FSDP_RANGE(all_reduce_issued_ ? range_names_.all_reduce_wait
-                                  : range_names_.reduce_scatter_wait);
-    reduce_work_->wait_timed(acct.exposed_comm_seconds);
+void ParamGroup::arm_grad_hooks() {
+  grads_expected_ = 0;
+  if (grads_pass_through()) return;
+  // What is trainable is read at each forward (FSDP2 reads it at each backward): freezing or
+  // unfreezing after fully_shard changes what the reduce-scatter carries.
+  std::vector<bool> trainable;
+  trainable.reserve(params_.size());
+  for (const auto& p : params_) trainable.push_back(p.requires_grad());
+  if (trainable != trainable_ && !(reduction_ && !reduction_->finished())) {
+    trainable_ = std::move(trainable);
+    reduce_layout_ = flat_layout(shapes(), pg_->size(), trainable_);
   }
-  reduce_work_.reset();  // the backend's last reference to the buffers
-  const bool kept = replicate_ && !all_reduce_wanted_;
-  if (kept) {
-    // Hybrid accumulation without the all-reduce: the reduced shard waits for the next one.
-    if (pending_reduced_.defined()) {
-      pending_reduced_.add_(reduce_out_);
-    } else {
-      pending_reduced_ = reduce_out_.clone();
-    }
-    pending_had_grad_.resize(reduced_had_grad_.size(), false);
-    for (size_t i = 0; i < reduced_had_grad_.size(); ++i) {
-      pending_had_grad_[i] = pending_had_grad_[i] || reduced_had_grad_[i];
-    }
-  } else {
-    if (divide_factor_ > 0) reduce_out_.div_(divide_factor_);
-    FSDP_RANGE("fsdp::reduce_scatter_copy_out");
-    reduce_scatter_copy_out(params_, reduce_layout_, reduce_out_, reduced_had_grad_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    if (!p.requires_grad()) continue;
+    ++grads_expected_;
+    auto node = torch::autograd::impl::grad_accumulator(p.param());
+    if (!node || p.hooked(node)) continue;
+    node->add_pre_hook(std::make_unique<CaptureGradHook>(weak_from_this(), i));
+    p.set_hooked(std::move(node));
   }
-  all_reduce_issued_ = false;
-  acct.add_comm(-(bytes_of(reduce_in_) + bytes_of(reduce_out_)));
-  acct.pool->give(std::move(reduce_in_));
-  acct.pool->give(std::move(reduce_out_));
-  reduce_in_ = reduce_out_ = at::Tensor();
 }
 
-void ParamGroup::end_backward() {
+bool ParamGroup::take_param_grad(size_t index, const at::Tensor& grad) {
+  // Gradients go to grad() as autograd delivers them: nothing to reduce (a hook armed while a
+  // divide factor was set stays on the accumulator and lets them through).
+  if (grads_pass_through()) return false;
+  tree_->on_backward_hook();
+  params_[index].capture_full_grad(grad);
+  if (grad_ready_.size() <= index) grad_ready_.resize(params_.size(), false);
+  if (grad_ready_[index]) return true;
+  grad_ready_[index] = true;
+  // All gradients present is the end of this unit's backward only when every parameter takes
+  // a gradient: a frozen weight may still be read to compute input gradients after that (the
+  // post-backward function on the unit's inputs covers that case).
+  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size()) post_backward();
+  return true;
+}
+
+void ParamGroup::post_backward() {
+  if (training_ == TrainingState::kPostBackward) return;  // at most once per backward
+  training_ = TrainingState::kPostBackward;
+  FSDP_RANGE(range_names_->post_backward);
+  // One rank in its own dtype: autograd already accumulates into the (unsharded) shard.
+  if (grads_pass_through()) return;
+  const bool reshard_now = settings_.reshard_after_backward;
+  bool any_grad = false;
+  for (const auto& p : params_) any_grad = any_grad || p.has_full_grad();
+  const bool if_unused = settings_.reduce_scatter_unused_params;
+  // Never gathered for backward (output unused, eval) and nothing kept: nothing to reduce.
+  if (!if_unused && !any_grad && sharded_ != ShardedState::kUnsharded) return;
+  if (!settings_.requires_gradient_sync) {
+    for (auto& p : params_) p.keep_full_grad(reduce_dtype_);
+    if (reshard_now) reshard();
+    return;
+  }
+  // Full gradients are separate tensors: the full parameters are not needed for the reduction.
+  if (reshard_now) reshard();
+  // The same on every rank (the graphs are the same): nothing took a gradient.
+  if (reduce_layout_.total == 0 || (!any_grad && !if_unused)) return;
+  // A reduction of this group still in flight (one unit, and reductions left in flight by
+  // set_is_last_backward(false)) lands first: its gradients and kept shards come first.
+  if (reduction_) reduction_->finish();
+  ReduceSpec spec;
+  spec.shard = pg_;
+  spec.replicate = replicate_;
+  spec.dtype = reduce_dtype_;
+  spec.divide_factor = settings_.gradient_divide_factor;
+  spec.all_reduce = settings_.requires_all_reduce;
+  spec.zeros_if_unused = if_unused;
+  reduction_ = foreach_reduce(params_, reduce_layout_, spec, deferred_, comm_, range_names_);
+  comm_->track(reduction_);
+}
+
+void ParamGroup::finalize_backward() {
   for (auto& p : params_) p.release_hooked();
+  if (settings_.reshard_after_backward) reshard();
+  training_ = TrainingState::kIdle;
+  grad_ready_.clear();
+  grads_seen_ = 0;
 }
 
-void ParamGroup::drop_backward() {
+void ParamGroup::reset() {
   for (auto& p : params_) {
     p.drop_full_grad();
     p.release_hooked();
   }
+  reshard();
+  training_ = TrainingState::kIdle;
+  grad_ready_.clear();
+  grads_seen_ = 0;
+}
+
+bool ParamGroup::params_in_foreign_graph() const {
+  for (const auto& p : params_) {
+    // An accumulator alive but not ours: some live graph uses the parameter directly.
+    auto node = torch::autograd::impl::try_get_grad_accumulator(p.param());
+    if (node && !p.hooked(node)) return true;
+  }
+  return false;
+}
+
+// --- gathering -----------------------------------------------------------------------------------
+
+void ParamGroup::unshard() {
+  if (sharded_ == ShardedState::kUnsharded || gather_.work || params_.empty() ||
+      params_pass_through_) {
+    return;
+  }
+  FSDP_RANGE(range_names_->all_gather);
+  const bool small = sharded_ == ShardedState::kShardedPostForward;
+  ProcessGroup& group = small ? *post_forward_ : *pg_;
+  const int64_t per_rank = small ? post_forward_layout_.total : gather_layout_.total;
+  auto opts = buffer_options(compute_dtype_);
+  if (small) {
+    gather_.input = std::move(post_forward_shard_);  // written after forward, still counted
+    post_forward_shard_ = at::Tensor();
+  } else {
+    gather_.input = comm_->take_buffer(per_rank, opts);  // copy-in writes every element
+    FSDP_RANGE("fsdp::all_gather_copy_in");
+    all_gather_copy_in(params_, gather_layout_, gather_.input);
+  }
+  gather_.output = comm_->take_buffer(group.size() * per_rank, opts);
+  gather_.work = group.all_gather(gather_.output, gather_.input);
+  gather_.small = small;
+}
+
+void ParamGroup::wait_for_unshard() {
+  if (params_.empty() || params_pass_through_) {
+    sharded_ = ShardedState::kUnsharded;
+    return;
+  }
+  if (sharded_ == ShardedState::kUnsharded) return;
+  if (!gather_.work) unshard();
+  {
+    FSDP_RANGE(range_names_->all_gather_wait);
+    gather_.work->wait_timed(comm_->exposed());
+  }
+  {
+    FSDP_RANGE("fsdp::all_gather_copy_out");
+    attach_full_tensors();
+    if (gather_.small) {
+      all_gather_copy_out(params_, post_forward_layout_, gather_.output, post_forward_->size());
+    } else {
+      all_gather_copy_out(params_, gather_layout_, gather_.output, pg_->size());
+    }
+  }
+  release_gather_buffers();
+  sharded_ = ShardedState::kUnsharded;
+}
+
+void ParamGroup::release_gather_buffers() {
+  gather_.work.reset();
+  comm_->give_buffer(std::move(gather_.input));
+  comm_->give_buffer(std::move(gather_.output));
+  gather_ = Gather{};
+}
+
+void ParamGroup::attach_full_tensors() {
+  for (auto& p : params_) {
+    if (p.full_allocated()) continue;
+    // The bytes come from the tensor's own device, whatever the current device is (a rank
+    // whose GPU is not the current one).
+    c10::DeviceGuard device(p.device());
+    p.attach_full(comm_->take_full_bytes(p.full_nbytes(), p.device(), p.full_allocator()));
+  }
+}
+
+void ParamGroup::release_full_tensors() {
+  for (auto& p : params_) {
+    if (!p.full_allocated()) continue;
+    p.release_full();
+    comm_->release_full_bytes(p.full_nbytes());
+  }
+}
+
+void ParamGroup::reshard() {
+  if (gather_.work) {
+    // A prefetch nobody consumed: let it land before its buffers go.
+    gather_.work->wait();
+    release_gather_buffers();
+  }
+  if (post_forward_shard_.defined()) {
+    comm_->give_buffer(std::move(post_forward_shard_));
+    post_forward_shard_ = at::Tensor();
+  }
+  for (auto& p : params_) p.use_shard();
+  release_full_tensors();
+  sharded_ = ShardedState::kSharded;
+}
+
+void ParamGroup::reshard_to_post_forward() {
+  if (sharded_ != ShardedState::kUnsharded || params_pass_through_ || params_.empty()) {
+    reshard();
+    return;
+  }
+  // This rank's rows of the smaller group's sharding, from the full parameters it holds now.
+  auto shard = comm_->take_buffer(post_forward_layout_.total, buffer_options(compute_dtype_));
+  copy_rows_for_rank(params_, post_forward_layout_, post_forward_->rank(), post_forward_->size(),
+                     shard);
+  reshard();
+  post_forward_shard_ = std::move(shard);
+  sharded_ = ShardedState::kShardedPostForward;
 }
 
 }  // namespace fsdp::detail

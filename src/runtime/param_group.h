@@ -1,100 +1,146 @@
-// Internal: the parameters of one fully_shard call and their collectives: one all-gather to
-// unshard them all (copy-in, all-gather, copy-out) and one reduce-scatter for their gradients
-// (copy-in, reduce-scatter, accumulate into the sharded grads), and with hybrid sharding one
-// all-reduce of the reduced shard across replicas. FSDP2's FSDPParamGroup.
+// Internal: the parameters of one fully_shard call and their whole lifecycle (FSDP2's
+// FSDPParamGroup): pre-forward (gather, arm the gradient hooks), post-forward (free, or keep
+// this rank's rows of a smaller group), pre-backward (gather again), the gradient hooks, and
+// post-backward (reduce the gradients, free), with the unit's state as two enums
+// (fsdp/runtime/lifecycle.h). The autograd accumulator hooks call the group directly.
 //
-// Its state is where the parameters are (sharded, gathering, full) and the buffers of the
-// collectives in flight; when to move them is the unit's decision (UnitState), the tree's
-// buffers and counters are passed in (Accounting).
+// What it decides with: its settings (FSDPModule's switches), its tree (the end-of-backward
+// callback) and its tree's CommContext (buffers, counters, reductions in flight). What it
+// moves: one all-gather per gather (copy-in, all-gather, copy-out: all_gather.h) and one
+// reduction per backward (reduce.h). When a unit's forward and backward run is UnitState's
+// wiring (hooks on inputs and outputs) and the Tree's order.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdp/comm/device_mesh.h"
+#include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/mixed_precision.h"
-#include "runtime/accounting.h"
+#include "runtime/comm_context.h"
 #include "runtime/fsdp_param.h"
-#include "tools/range.h"
+#include "runtime/reduce.h"
+#include "util/profiler_range.h"
 
 namespace fsdp::detail {
 
-// How a post-backward reduces, from the unit's settings.
-struct ReduceSettings {
-  bool reduce = true;        // set_requires_gradient_sync: else keep full gradients
-  bool all_reduce = true;    // set_requires_all_reduce (hybrid): else keep the reduced shard
-  bool if_unused = false;    // set_reduce_scatter_unused_params: zeros when nothing got a grad
-  double divide_factor = 0;  // set_gradient_divide_factor; 0: the number of ranks
+class Tree;
+
+// FSDPModule's switches that act on a group (FSDP2 keeps them on FSDPParamGroup).
+struct GroupSettings {
+  std::optional<bool> reshard_after_forward;  // unset: true except for the root
+  bool reshard_after_backward = true;
+  bool requires_gradient_sync = true;
+  bool requires_all_reduce = true;
+  bool reduce_scatter_unused_params = false;
+  double gradient_divide_factor = 0;  // 0: the number of ranks
 };
 
-class ParamGroup {
+// What post_forward does with the full parameters.
+enum class AfterForward {
+  kAsSet,  // free them as reshard_after_forward says (to the smaller group's rows with
+           // reshard_after_forward_ranks)
+  kFree,   // free them (no backward will follow: grad mode off)
+  kKeep,   // keep them (the backward cannot find the unit through its outputs, or follows
+           // at once: a recompute)
+};
+
+class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
   // `mesh.shard` shards the parameters; `mesh.replicate` (null without hybrid sharding) is the
   // group their reduced gradient shards are all-reduced over. `post_forward` (null unless
   // reshard_after_forward_ranks is set) is the smaller group this rank's parameters stay
-  // sharded over between forward and backward.
-  // `owner` names the unit, for messages.
+  // sharded over between forward and backward. `owner` names the unit, for messages. The
+  // group starts in a tree of its own (a unit used alone, or before its root's lazy init).
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, const DeviceMesh& mesh,
              MixedPrecisionPolicy mp, ProcessGroupPtr post_forward, const std::string& owner);
 
-  // Issues the all-gather unless the parameters are full or a gather is in flight.
-  void unshard_async(Accounting& acct);
-  // Completes an issued gather (issuing one if needed) and points parameters at full tensors.
-  void wait_unshard(Accounting& acct);
-  // Points parameters back at their shards and frees the full tensors (waits out a gather
-  // still in flight first).
-  void reshard(Accounting& acct);
-  // After forward with reshard_after_forward_ranks: keeps this rank's rows of the post-forward
-  // group's sharding and frees the full tensors; the next gather runs within that group.
-  void reshard_to_post_forward(Accounting& acct);
-  bool is_full() const { return state_ == State::kFull; }
-  bool is_sharded() const { return state_ == State::kSharded; }
+  // The root's lazy init: the group joins the root's tree and its CommContext.
+  void join(std::shared_ptr<Tree> tree);
+  Tree& tree() { return *tree_; }
+  const Tree& tree() const { return *tree_; }
+  const std::shared_ptr<Tree>& tree_ptr() const { return tree_; }
+  CommContext& comm() { return *comm_; }
+  const CommContext& comm() const { return *comm_; }
+  // A unit inside another: reshard_after_forward defaults to true (the root's to false).
+  void set_nested() { nested_ = true; }
 
-  // Hooks autograd's gradient accumulators of the current full parameters that require a
-  // gradient: the full gradient goes to the FsdpParam (the accumulator gets none) and
-  // on_grad(index) runs. Rebuilds the reduce layout when the set of trainable parameters
-  // changed since the last call. Returns how many parameters take a gradient (0 when nothing is
-  // communicated: one rank without dtype changes, where autograd accumulates into grad()).
-  size_t arm_grad_hooks(const std::function<void(size_t, const at::Tensor&)>& on_grad);
-  // With settings.reduce: copies the full gradients into a buffer, drops them, reshards,
-  // issues the reduce-scatter. Without: keeps the full gradients for a later reducing backward
-  // (FSDP2's set_requires_gradient_sync(False)) and reshards (unless `reshard` is false). A
-  // no-op when the parameters were never gathered for backward and nothing is kept. Returns
-  // whether a reduce-scatter is now in flight. The caller runs it at most once per backward.
-  bool post_backward(Accounting& acct, const ReduceSettings& settings, bool reshard);
-  // Waits for the reduce-scatter in flight (if any) and, with hybrid sharding, for the
-  // all-reduce across replicas after it (issuing it if needed), adds each rank's rows into the
-  // sharded grads and frees the buffers.
-  void finish_reduce(Accounting& acct);
-  // Hybrid sharding: waits for the reduce-scatter in flight and issues the all-reduce of its
-  // result across replicas, without waiting for it (finish_reduce does).
-  void start_all_reduce(Accounting& acct);
-  bool reduce_scatter_in_flight() const { return reduce_work_ && !all_reduce_issued_; }
-  bool reduction_in_flight() const { return reduce_out_.defined(); }
-  bool hybrid() const { return replicate_ != nullptr; }
-  // Drops the hooked accumulators of this backward (after finish_reduce).
-  void end_backward();
-  // A failed step: drops full gradients not yet reduced and the hooked accumulators.
-  void drop_backward();
+  GroupSettings& settings() { return settings_; }
+  const GroupSettings& settings() const { return settings_; }
+  TrainingState training_state() const { return training_; }
+  ShardedState sharded_state() const { return sharded_; }
+  bool gather_in_flight() const { return gather_.work != nullptr; }
+
+  // --- the lifecycle (FSDP2's FSDPParamGroup methods of the same names) ---
+  // Waits for the gather (issuing it if no prefetch did) and, with grad mode on, hooks
+  // autograd's accumulators of the parameters that require a gradient.
+  void pre_forward();
+  void post_forward(AfterForward what);
+  // Once per backward (returns false when this backward already ran it): gathers again.
+  bool pre_backward();
+  // Before the recompute of a checkpointed forward (inside the backward, where grad mode is
+  // off until the recompute turns it on): gathers and arms the gradient hooks.
+  void pre_recompute();
+  // Once per backward: with gradient sync, reduces the full gradients (one reduction, handed
+  // to the CommContext) and frees the parameters (unless reshard_after_backward is off);
+  // without, keeps them unsharded (set_requires_gradient_sync(false)). A no-op when the
+  // parameters were never gathered for backward and nothing is kept.
+  void post_backward();
+  // The end of the tree's backward: frees as set, drops the hooked accumulators and the
+  // per-backward counts; back to kIdle.
+  void finalize_backward();
+  // A failed step: drops full gradients not yet reduced, reshards, back to kIdle.
+  void reset();
+
+  // --- gathering (FSDPModule::unshard/reshard, prefetch) ---
+  // Issues the all-gather unless the parameters are full or a gather is in flight.
+  void unshard();
+  // Completes an issued gather (issuing one if needed): the parameters hold full tensors.
+  void wait_for_unshard();
+  // Points the parameters back at their shards and frees the full tensors (waits out a gather
+  // still in flight first).
+  void reshard();
+
+  // The accumulator pre-hook of parameter `index`: takes autograd's full gradient (returns
+  // false when gradients go to grad() as they are: one rank, no dtype change, no divide
+  // factor); when every trainable parameter's gradient arrived and none is frozen, the unit's
+  // backward is over and post_backward runs.
+  bool take_param_grad(size_t index, const at::Tensor& grad);
+  // Whether an accumulator of these parameters alive now was hooked by someone else's graph:
+  // the unit's module ran outside its fsdp::Unit.
+  bool params_in_foreign_graph() const;
 
   const std::vector<FsdpParam>& params() const { return params_; }
-  std::vector<FsdpParam>& params() { return params_; }
   const ProcessGroupPtr& pg() const { return pg_; }
   const ProcessGroupPtr& replicate() const { return replicate_; }
-  // Bytes the last reduce-scatter's input carried (the reduce layout times the ranks).
-  int64_t reduce_layout_elements() const { return reduce_layout_.total; }
 
   // Profiler range names carrying the unit's name in the root (set by the root's lazy init).
-  void set_unit_name(const std::string& name) { range_names_ = UnitRangeNames(name); }
-  const UnitRangeNames& range_names() const { return range_names_; }
+  void set_unit_name(const std::string& name);
+  const UnitRangeNames& range_names() const { return *range_names_; }
 
  private:
-  enum class State { kSharded, kGathering, kFull };
-  // After a gather completed: returns its buffers to the pool.
-  void release_gather_buffers(Accounting& acct);
+  // An all-gather in flight: its work and buffers, and whether it runs within post_forward_.
+  struct Gather {
+    WorkPtr work;
+    at::Tensor input, output;
+    bool small = false;
+  };
+
+  bool reshard_after_forward() const;
+  // One rank holding everything in its own dtype: no copy and no collective is needed (the
+  // shard is the full parameter); gradients too unless a divide factor is set.
+  bool grads_pass_through() const {
+    return params_pass_through_ && settings_.gradient_divide_factor == 0;
+  }
+  void arm_grad_hooks();
+  void reshard_to_post_forward();
+  void release_gather_buffers();
+  void attach_full_tensors();
+  void release_full_tensors();
   std::vector<ParamShape> shapes() const;
   at::TensorOptions buffer_options(at::ScalarType dtype) const;
 
@@ -105,31 +151,31 @@ class ParamGroup {
   std::vector<FsdpParam> params_;
   FlatLayout gather_layout_, reduce_layout_;
   std::vector<bool> trainable_;  // what the reduce layout was built for
-  bool passthrough_ = false;     // world size 1 without dtype changes: nothing to move
-  UnitRangeNames range_names_;
+  bool params_pass_through_ = false;
+  bool nested_ = false;
+  std::shared_ptr<const UnitRangeNames> range_names_;
+  GroupSettings settings_;
 
-  State state_ = State::kSharded;
-  WorkPtr gather_work_;
-  bool gathering_small_ = false;  // the gather in flight runs within post_forward_
-  at::Tensor gather_in_, gather_out_;
+  std::shared_ptr<Tree> tree_;
+  std::shared_ptr<CommContext> comm_;
+
+  TrainingState training_ = TrainingState::kIdle;
+  ShardedState sharded_ = ShardedState::kSharded;
+  Gather gather_;
 
   // reshard_after_forward_ranks: the smaller group, its layout, and this rank's rows of it
-  // kept between forward and backward (undefined when not kept).
+  // kept between forward and backward (defined in kShardedPostForward).
   ProcessGroupPtr post_forward_;
-  std::vector<ParamShape> post_forward_shapes_;
   FlatLayout post_forward_layout_;
   at::Tensor post_forward_shard_;
 
-  WorkPtr reduce_work_;  // the reduce-scatter, then (hybrid) the all-reduce after it
-  bool all_reduce_issued_ = false;
-  bool all_reduce_wanted_ = true;
-  double divide_factor_ = 0;
-  at::Tensor reduce_in_, reduce_out_;
-  std::vector<bool> reduced_had_grad_;
-  // Hybrid sharding with set_requires_all_reduce(false): reduced shards kept for the next
-  // all-reduce, [reduce layout] in the reduce dtype.
-  at::Tensor pending_reduced_;
-  std::vector<bool> pending_had_grad_;
+  // This backward: which trainable parameters' gradients arrived, of how many armed.
+  std::vector<bool> grad_ready_;
+  size_t grads_seen_ = 0, grads_expected_ = 0;
+  // The last reduction issued (finished before the next one starts, and before the reduce
+  // layout may change), and reduced shards kept for a later all-reduce across replicas.
+  std::shared_ptr<Reduction> reduction_;
+  std::shared_ptr<DeferredReduce> deferred_ = std::make_shared<DeferredReduce>();
 };
 
 }  // namespace fsdp::detail

@@ -6,8 +6,8 @@
 
 #include "fsdp/runtime/layout.h"
 #include "runtime/unit_state.h"
-#include "tools/range.h"
 #include "util/check.h"
+#include "util/profiler_range.h"
 
 namespace fsdp::detail {
 
@@ -41,7 +41,7 @@ void Tree::init(UnitState& root) {
   }
   units_ = tree;
   auto self = shared_from_this();
-  for (UnitState* s : tree) s->join(self);
+  for (UnitState* s : tree) s->group().join(self);
   // Names for messages and profiler ranges: each unit's module path in the root.
   if (auto module = root.module()) {
     for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
@@ -111,38 +111,13 @@ bool Tree::backward_running() const {
   return phase_ == Phase::kBackward && !callback_token_.expired();
 }
 
-void Tree::track_reduction(ParamGroup* group) {
-  // One reduce-scatter may run while the next unit's backward computes; older ones are waited
-  // for. With hybrid sharding the previous unit's all-reduce across replicas may run as well
-  // (on the replicate group, beside this reduce-scatter on the shard group): the unit before
-  // the newest moves on to its all-reduce instead of finishing (returning its reduce-scatter's
-  // input to the pool), and older ones finish. So the gradient buffers of at most
-  // kReductionsInFlight units are alive at once, and with hybrid sharding a third unit's
-  // reduced shard.
-  auto& in_flight = reductions_in_flight_;
-  in_flight.push_back(group);
-  while (in_flight.size() > kReductionsInFlight - 1) {
-    ParamGroup* oldest = in_flight.front();
-    if (in_flight.size() == kReductionsInFlight && oldest->reduce_scatter_in_flight() &&
-        oldest->hybrid()) {
-      oldest->start_all_reduce(acct_);
-      break;
-    }
-    oldest->finish_reduce(acct_);
-    in_flight.pop_front();
-  }
-}
-
 void Tree::end_backward() {
   FSDP_RANGE("fsdp::end_of_backward");
   // Same order on every rank (tree order): units whose gradients were incomplete (unused or
   // frozen parameters) reduce what they have, then every reduction is waited for.
-  for (UnitState* s : units_) s->run_post_backward();
-  if (is_last_backward) {
-    for (ParamGroup* g : reductions_in_flight_) g->finish_reduce(acct_);
-    reductions_in_flight_.clear();
-  }
-  for (UnitState* s : units_) s->end_backward(/*reshard=*/s->settings().reshard_after_backward);
+  for (UnitState* s : units_) s->group().post_backward();
+  if (is_last_backward) comm_->finish_reductions();
+  for (UnitState* s : units_) s->end_backward();
   phase_ = Phase::kIdle;
   outputs_.clear();
   callback_token_.reset();
@@ -164,8 +139,7 @@ void Tree::reset() {
   FSDP_RANGE("fsdp::reset");
   // Reductions already issued land (every rank issued them); gradients not yet reduced are
   // this failed step's and go.
-  for (ParamGroup* g : reductions_in_flight_) g->finish_reduce(acct_);
-  reductions_in_flight_.clear();
+  comm_->finish_reductions();
   for (UnitState* s : units_) s->reset_step();
   phase_ = Phase::kIdle;
   forward_order_.clear();

@@ -1,7 +1,7 @@
 // Internal: one tree of units, a root and every unit inside it, and what the units do
-// together: lazy init, the forward orders prefetching follows, the reductions in flight, the
-// end-of-backward callback, and the reset after a failed step. FSDP2's FSDPStateContext and
-// FSDPCommContext with the root state's tree-wide methods.
+// together: lazy init, the forward orders prefetching follows, the end-of-backward callback,
+// and the reset after a failed step. FSDP2's FSDPStateContext with the root state's tree-wide
+// methods; what the units share for communication is the tree's CommContext.
 //
 // Until the root's lazy init each unit has a tree of its own (a unit used alone, or one whose
 // root has not run yet); lazy init moves every unit of the root onto the root's tree.
@@ -9,16 +9,14 @@
 
 #include <torch/csrc/autograd/function.h>
 
-#include <deque>
 #include <memory>
 #include <vector>
 
-#include "runtime/accounting.h"
+#include "runtime/comm_context.h"
 
 namespace fsdp::detail {
 
 class UnitState;
-class ParamGroup;
 
 class Tree : public std::enable_shared_from_this<Tree> {
  public:
@@ -32,8 +30,9 @@ class Tree : public std::enable_shared_from_this<Tree> {
   bool initialised() const { return initialised_; }
   // Every unit, root first, parents before children (deterministic: the same on every rank).
   const std::vector<UnitState*>& units() const { return units_; }
-  Accounting& acct() { return acct_; }
-  const Accounting& acct() const { return acct_; }
+  CommContext& comm() { return *comm_; }
+  const CommContext& comm() const { return *comm_; }
+  const std::shared_ptr<CommContext>& comm_ptr() const { return comm_; }
   Phase phase() const { return phase_; }
 
   // --- forward ---
@@ -65,10 +64,6 @@ class Tree : public std::enable_shared_from_this<Tree> {
   void on_backward_hook();
   // A backward of this tree is running: its callback is queued and its graph task alive.
   bool backward_running() const;
-  // After a new reduce-scatter, finishes older reductions so that at most kReductionsInFlight
-  // stay alive (layout.h); with hybrid sharding the one before the newest moves on to its
-  // all-reduce instead of finishing.
-  void track_reduction(ParamGroup* group);
   // The end-of-backward callback: units whose gradients were incomplete reduce what they have,
   // every reduction is finished (unless set_is_last_backward(false)), every unit reshards
   // (unless set_reshard_after_backward(false)) and its per-backward state is reset.
@@ -97,13 +92,11 @@ class Tree : public std::enable_shared_from_this<Tree> {
   std::vector<UnitState*> post_forward_order_;
   // Outputs of this step's forwards (their grad_fn), held weakly.
   std::vector<std::weak_ptr<torch::autograd::Node>> outputs_;
-  // Param groups whose reduction is in flight, oldest first.
-  std::deque<ParamGroup*> reductions_in_flight_;
   // Alive exactly as long as the queued end-of-backward callback (which holds the other
   // reference): the graph task that owns the callback died when this expires.
   std::weak_ptr<int> callback_token_;
   int recompute_depth_ = 0;
-  Accounting acct_;
+  std::shared_ptr<CommContext> comm_ = std::make_shared<CommContext>();
 };
 
 }  // namespace fsdp::detail

@@ -1,12 +1,14 @@
-// Internal: what fully_shard attaches to a module: one unit, its options, its ParamGroup, its
-// children and its per-backward state, and what happens around its own forward and backward
-// (pre/post-forward, pre/post-backward). Tree-wide behaviour is the Tree's. FSDP2's FSDPState.
+// Internal: what fully_shard attaches to a module (FSDP2's FSDPState): one unit's options and
+// name, its children, the explicit prefetch lists, and the wiring that tells its ParamGroup
+// when things happen: a forward entered (pre_forward) and left (post_forward), the gradient
+// reaching its outputs (pre_backward, through a hook on each output) and its inputs (the
+// post-backward function on each input). The lifecycle itself (what gathers, frees and
+// reduces, and the state it is in) is the ParamGroup's; the tree-wide order is the Tree's.
 #pragma once
 
 #include <torch/nn/module.h>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,17 +20,10 @@
 
 namespace fsdp::detail {
 
-// What FSDPModule's setters change (FSDP2's per-state and per-group flags).
-struct UnitSettings {
-  std::optional<bool> reshard_after_forward;  // unset: true except for the root
-  bool requires_gradient_sync = true;
-  bool requires_all_reduce = true;
-  bool reshard_after_backward = true;
-  bool reduce_scatter_unused_params = false;
-  double gradient_divide_factor = 0;  // 0: the number of ranks
-  // Explicit prefetch (set_modules_to_*_prefetch); empty: the recorded order.
-  std::vector<std::weak_ptr<UnitState>> forward_prefetch, backward_prefetch;
-  bool explicit_forward_prefetch = false, explicit_backward_prefetch = false;
+// Explicit prefetch (set_modules_to_*_prefetch); not set: the recorded order.
+struct PrefetchSettings {
+  std::vector<std::weak_ptr<UnitState>> forward, backward;
+  bool explicit_forward = false, explicit_backward = false;
 };
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
@@ -40,14 +35,13 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   bool is_root() const { return !has_parent_; }
-  ParamGroup& group() { return group_; }
-  const ParamGroup& group() const { return group_; }
+  ParamGroup& group() { return *group_; }
+  const ParamGroup& group() const { return *group_; }
   const std::vector<std::shared_ptr<UnitState>>& children() const { return children_; }
   void adopt(const std::shared_ptr<UnitState>& child);
-  Tree& tree() { return *tree_; }
-  const Tree& tree() const { return *tree_; }
-  void join(std::shared_ptr<Tree> tree) { tree_ = std::move(tree); }
-  UnitSettings& settings() { return settings_; }
+  Tree& tree() { return group_->tree(); }
+  const Tree& tree() const { return group_->tree(); }
+  PrefetchSettings& prefetch_settings() { return prefetch_; }
   const FullyShardOptions& options() const { return options_; }
   void set_name(const std::string& name);
   // "unit 'layers.3' (TransformerBlockImpl)": the module's name in the root, known after the
@@ -74,54 +68,32 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // --- backward (autograd hooks) ---
   void pre_backward();
   void on_input_grad();
-  void on_param_grad(size_t index, const at::Tensor& grad);
-  // Runs this unit's post-backward once per backward; a reduce-scatter it issues joins the
-  // tree's reductions in flight.
-  void run_post_backward();
-  // End of backward (Tree): reshard (as set) and reset the per-backward state.
-  void end_backward(bool reshard);
-  // A failed step (Tree::reset): drop the per-backward state and reshard.
+  // End of backward (Tree): the group finalises; the inputs' counts are reset.
+  void end_backward();
+  // A failed step (Tree::reset): the group resets; the inputs' counts and the order position go.
   void reset_step();
 
   // --- FSDPModule ---
-  void unshard_async();
-  void wait_unshard();
-  void reshard();
   MemoryStats memory_stats() const;
 
  private:
-  // The state of one backward, reset in one place (end_backward / reset_step). Several
-  // forwards may feed one backward, so nothing here is reset by a forward.
-  struct BackwardState {
-    bool pre_backward_done = false;
-    // Inputs wrapped by the post-backward function, and how many of them got their gradient.
-    int inputs_wrapped = 0, inputs_grad_seen = 0;
-    // Parameters whose gradient autograd has delivered.
-    std::vector<bool> grad_ready;
-    size_t grads_seen = 0;
-    bool post_backward_done = false;  // at most once per backward
-  };
-
-  bool reshard_after_forward() const;
-  // Hooks autograd's accumulators of the gathered parameters to on_param_grad.
-  void arm_grad_hooks();
   void prefetch(const std::vector<std::weak_ptr<UnitState>>& units);
   // Root, end of forward: a checkpointed unit whose module ran outside its fsdp::Unit (its
   // parameters are in this forward's graph, but the unit did not run) is an error.
-  void check_checkpointed_units_ran() const;
+  static void check_checkpointed_units_ran(const Tree& tree);
 
   std::weak_ptr<torch::nn::Module> module_;
   FullyShardOptions options_;
-  ParamGroup group_;
-  std::shared_ptr<Tree> tree_;
+  std::shared_ptr<ParamGroup> group_;
   std::string name_;  // qualified name in the root's tree, set by the root's lazy init
   bool has_parent_ = false;
   std::vector<std::shared_ptr<UnitState>> children_;
-  UnitSettings settings_;
+  PrefetchSettings prefetch_;
   int post_forward_index_ = -1;
-  // Parameters that take a gradient, counted when the forward arms the gradient hooks.
-  size_t grads_expected_ = 0;
-  BackwardState backward_;
+  // Inputs wrapped by the post-backward function since the last backward, and how many of
+  // them got their gradient: several forwards may feed one backward, so only the end of
+  // backward (or a reset) clears them.
+  int inputs_wrapped_ = 0, inputs_grad_seen_ = 0;
 };
 
 }  // namespace fsdp::detail

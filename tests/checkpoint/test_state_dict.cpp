@@ -245,15 +245,15 @@ TEST(StateDict, MismatchesAreRefusedOnEveryRankBeforeAnyChange) {
         const auto before = to_map(get_full_model_state_dict(*model, pg));
         auto first = want.begin()->first;
         FullStateDict missing(std::next(want.begin()), want.end());
-        expect_error_containing<CheckpointError>([&] { set_model_state_dict(*model, missing, pg); },
+        expect_error_containing<InvalidArgument>([&] { set_model_state_dict(*model, missing, pg); },
                                                  "has no '" + first + "'");
         FullStateDict extra(want.begin(), want.end());
         extra.emplace_back("not.a.parameter", at::zeros({2}));
-        expect_error_containing<CheckpointError>([&] { set_model_state_dict(*model, extra, pg); },
+        expect_error_containing<InvalidArgument>([&] { set_model_state_dict(*model, extra, pg); },
                                                  "'not.a.parameter'");
         FullStateDict wrong(want.begin(), want.end());
         wrong[0].second = at::zeros({3, 3});
-        expect_error_containing<CheckpointError>([&] { set_model_state_dict(*model, wrong, pg); },
+        expect_error_containing<InvalidArgument>([&] { set_model_state_dict(*model, wrong, pg); },
                                                  "[3, 3]");
         expect_equal(to_map(get_full_model_state_dict(*model, pg)), before, "unchanged");
       },

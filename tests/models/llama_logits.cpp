@@ -13,10 +13,10 @@
 #include <mutex>
 #include <string>
 
+#include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
-#include "fsdp/models/token_file.h"
 
 namespace llama = fsdp::models::llama;
 
@@ -49,11 +49,11 @@ void run(const std::map<std::string, std::string>& a) {
   const bool from_dir = a.count("hf-dir") > 0;
   const llama::Config config =
       from_dir ? llama::read_hf_config(get(a, "hf-dir")) : llama::read_hf_config(get(a, "config"));
-  fsdp::models::TokenFileOptions to;
-  to.dtype = fsdp::models::parse_token_dtype(get(a, "tokens-dtype", "uint16"));
+  fsdp::data::TokenFileOptions to;
+  to.dtype = fsdp::data::parse_token_dtype(get(a, "tokens-dtype", "uint16"));
   to.vocab = config.vocab_size;
   to.seq = seq;
-  fsdp::models::TokenFile tokens(get(a, "tokens"), to);
+  fsdp::data::TokenFile tokens(get(a, "tokens"), to);
   if (count < 1 || count > tokens.val_window_count()) {
     throw fsdp::InvalidArgument("--count " + std::to_string(count) + ": the file holds " +
                                 std::to_string(tokens.val_window_count()) + " windows");

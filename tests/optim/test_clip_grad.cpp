@@ -49,5 +49,37 @@ TEST(ClipGradErrors, RejectBadArgumentsBeforeTouchingGradients) {
                                  "cannot be clipped");
 }
 
+// Hybrid sharding (2 x 2): the params form over the whole world would count every shard once
+// per replica (a norm sqrt(2) too large) and change the gradients by it: refused before any
+// gradient changes, on every rank; over the mesh (its shard group) it equals the model form.
+TEST(ClipGradErrors, HybridShardsOverTheWorldAreRefused) {
+  TrainSpec spec;
+  run_local_ranks(
+      4,
+      [&](const ProcessGroupPtr& pg) {
+        auto mesh = make_device_mesh(pg, /*replicas=*/2);
+        auto model = build_model(spec);
+        auto root = shard_model(model, mesh, spec);
+        auto [tokens, targets] = global_batch(spec, 0);
+        const int64_t local = tokens.size(0) / pg->size();
+        loss_of(root(rank_slice(tokens, pg, local)), rank_slice(targets, pg, local),
+                spec.model.output_size())
+            .backward();
+        std::vector<at::Tensor> before;
+        for (const auto& p : root.parameters()) before.push_back(p.grad().clone());
+        expect_error_containing<InvalidArgument>(
+            [&] { clip_grad_norm_(root.parameters(), 1e-3, pg); },
+            "sharded over 2 ranks and replicated over 2 (hybrid sharding), but the group given "
+            "has 4 ranks");
+        const auto params = root.parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          EXPECT_TRUE(at::equal(params[i].grad(), before[i])) << "unchanged " << i;
+        }
+        const double over_mesh = total_grad_norm(params, mesh);
+        EXPECT_NEAR(over_mesh, total_grad_norm(root), 1e-12 * over_mesh);
+      },
+      test_options());
+}
+
 }  // namespace
 }  // namespace fsdp::testing

@@ -158,6 +158,66 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PlanAgainstRuntime,
                                            LayoutCase{4, 1}, LayoutCase{4, 2}, LayoutCase{4, 4},
                                            LayoutCase{2, 1, true}, LayoutCase{4, 2, true}));
 
+// Explicit prefetch of k units ahead (set_modules_to_forward/backward_prefetch): the plan
+// follows it (gathers_ahead = k) and bounds the buffers the runtime keeps alive; the default
+// plan (one ahead) falls short of them once k prefetched gathers outweigh its margin.
+class ExplicitPrefetch : public ::testing::TestWithParam<int> {};
+
+TEST_P(ExplicitPrefetch, PlanFollowsTheLists) {
+  const int k = GetParam();
+  TrainSpec spec;
+  spec.model.layers = 8;
+  const int world = 2;
+  auto request = tiny_request(spec, world, 1);
+  const auto one_ahead = make_plan(request);
+  request.gathers_ahead = k;
+  const auto k_ahead = make_plan(request);
+  run_local_ranks(
+      world,
+      [&](const ProcessGroupPtr& pg) {
+        auto model = build_model(spec);
+        auto root = shard_model(model, pg, spec);
+        auto& layers = model->layers;
+        const int n = static_cast<int>(layers.size());
+        std::vector<FSDPModule> first;
+        for (int j = 0; j < k && j < n; ++j) first.push_back(layers[j]);
+        root.set_modules_to_forward_prefetch(first);
+        for (int i = 0; i < n; ++i) {
+          std::vector<FSDPModule> ahead, behind;
+          for (int j = 1; j <= k; ++j) {
+            if (i + j < n) ahead.push_back(layers[i + j]);
+            if (i - j >= 0) behind.push_back(layers[i - j]);
+          }
+          layers[i].set_modules_to_forward_prefetch(ahead);
+          layers[i].set_modules_to_backward_prefetch(behind);
+        }
+        auto [tokens, targets] = global_batch(spec, 0);
+        const int64_t local = spec.batch / world;
+        loss_of(root(rank_slice(tokens, pg, local)), rank_slice(targets, pg, local),
+                spec.model.output_size())
+            .backward();
+        const auto m = root.memory_stats();
+        EXPECT_LE(m.tree.peak_comm_buffer_bytes, k_ahead.memory.comm_buffers);
+        EXPECT_GE(m.tree.peak_comm_buffer_bytes, k_ahead.memory.comm_buffers / 2);
+        // Measured: each unit prefetched more keeps one more block's buffers alive, 261360
+        // bytes here, beyond the one-ahead plan's margin from k = 3.
+        if (k >= 3) {
+          EXPECT_GT(m.tree.peak_comm_buffer_bytes, one_ahead.memory.comm_buffers);
+        }
+        EXPECT_EQ(m.tree.peak_full_param_bytes, k_ahead.memory.gathered_params);
+      },
+      test_options());
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, ExplicitPrefetch, ::testing::Values(1, 2, 3, 4));
+
+TEST(PlanErrors, GathersAheadIsNotNegative) {
+  auto request = tiny_request(TrainSpec{}, 2, 1);
+  request.gathers_ahead = -1;
+  expect_error_containing<InvalidArgument>([&] { make_plan(request); },
+                                           "gathers_ahead must be >= 0, got -1");
+}
+
 TEST(PlanErrors, NameTheNumbers) {
   TrainSpec spec;
   expect_error_containing<InvalidArgument>([&] { make_plan(tiny_request(spec, 4, 3)); },

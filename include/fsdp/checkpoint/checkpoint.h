@@ -40,11 +40,8 @@
 
 namespace fsdp {
 
-// A checkpoint could not be written or read; the message names the rank, file and tensor.
-class CheckpointError : public Error {
- public:
-  using Error::Error;
-};
+// CheckpointError (a checkpoint could not be written or read; the message names the rank, file
+// and tensor) is declared in fsdp/errors.h.
 
 struct SaveOptions {
   // Keep this many complete checkpoints in the directory, the newest (0: keep all).

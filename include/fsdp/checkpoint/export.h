@@ -4,11 +4,15 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/io/safetensors.h"
 
 namespace fsdp {
 
@@ -22,16 +26,47 @@ struct ExportOptions {
 // Collective. Rank 0 writes `path`: every parameter of `model` (sharded by fully_shard or not,
 // nested units included) under its name in named_parameters() (a tied tensor once, under its
 // first name), then its buffers. Parameters are gathered one at a time, so every rank's extra
-// memory is about one parameter. Written to path + ".tmp" and renamed into place. A failure on
-// any rank is CheckpointError on every rank.
+// memory is about one parameter. Written to path + ".tmp", flushed to the disk and renamed into
+// place (io::publish), so `path` is never a partial file. A failure on any rank is
+// CheckpointError on every rank.
 void export_safetensors(const std::string& path, const torch::nn::Module& model,
                         const ProcessGroupPtr& pg, const ExportOptions& options = {});
 
 // Collective. Sets `model`'s parameters and buffers (sharded or not) from a safetensors file,
-// each rank reading only its own rows, converting dtypes. Every parameter and buffer must be in
-// the file with its shape; the file may hold nothing else (a tied tensor's other names are
-// accepted). Checked on every rank before any parameter changes; CheckpointError otherwise.
+// each rank reading only its own rows, converting dtypes (a floating tensor from a floating
+// one). Every parameter and buffer must be in the file with its shape; the file may hold
+// nothing else (a tied tensor's other names are accepted). Checked on every rank before any
+// parameter changes; CheckpointError naming every problem otherwise.
 void load_safetensors_sharded(const std::string& path, torch::nn::Module& model,
                               const ProcessGroupPtr& pg);
+
+// Where one tensor of a set of safetensors files is.
+struct SafetensorsLocation {
+  std::string file;  // the file's path
+  SafetensorsEntry entry;
+};
+// Tensors by name, possibly over several files (a Hugging Face directory's shards).
+using SafetensorsLocations = std::map<std::string, SafetensorsLocation>;
+
+// Every tensor of the safetensors file `path`, from its header (FormatError when malformed).
+SafetensorsLocations locate_safetensors(const std::string& path);
+
+struct ShardedLoadOptions {
+  // Problems the caller found already (a missing file, an index that disagrees with its files):
+  // reported together with the load's own.
+  std::vector<std::string> problems;
+  // Names whose file could not be read (reported among `problems`): not reported missing.
+  std::set<std::string> unreadable;
+  // Entries the model need not have, skipped (transformers ignores "rotary_emb.inv_freq").
+  std::function<bool(const std::string&)> ignore;
+};
+
+// The loader behind load_safetensors_sharded and load_hf_weights: collective; each rank checks
+// `tensors` against the model's state dict (missing, unexpected, mis-shaped and non-floating
+// tensors, each named), reads only its rows, and the ranks agree before any parameter changes;
+// CheckpointError "<what>: rank r: <problems>" on every rank otherwise.
+void load_safetensors_sharded(const SafetensorsLocations& tensors, torch::nn::Module& model,
+                              const ProcessGroupPtr& pg, const std::string& what,
+                              const ShardedLoadOptions& options = {});
 
 }  // namespace fsdp

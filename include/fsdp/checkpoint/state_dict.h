@@ -25,25 +25,13 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/sharded_tensor.h"
 
 namespace fsdp {
 
-// This rank's part of one tensor of a state dict.
-struct ShardedTensor {
-  // This rank's rows of dim 0 (a 0-d tensor counts as one row). From get_model_state_dict: the
-  // live tensor itself (a parameter's shard, a buffer), not a copy.
-  at::Tensor local;
-  std::vector<int64_t> global_shape;
-  int64_t row_offset = 0;   // the first row of `local` in the whole tensor
-  bool replicated = false;  // every rank holds the whole tensor
-  // The group the rows are sharded over (null when replicated), and this rank's replica under
-  // hybrid sharding (0 without): replicas hold the same rows; replica 0 is the one that writes.
-  ProcessGroupPtr shard_group;
-  int replica = 0;
-
-  int64_t rows() const { return local.dim() == 0 ? 1 : local.size(0); }
-};
-using ShardedStateDict = std::vector<std::pair<std::string, ShardedTensor>>;
+// ShardedTensor (this rank's part of one tensor) is fully_shard's public shard view
+// (fsdp/runtime/sharded_tensor.h).
+using ShardedStateDict = NamedShards;
 using FullStateDict = std::vector<std::pair<std::string, at::Tensor>>;
 
 // --- model ---------------------------------------------------------------------------------------

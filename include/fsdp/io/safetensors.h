@@ -8,20 +8,21 @@
 
 #include <torch/nn/module.h>
 
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fsdp/io/files.h"
+
 namespace fsdp {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // Writes `tensors` (any device; contiguous copies are taken on the CPU) to `path` in the order
-// given, with optional string metadata. Throws InvalidArgument for a duplicate or empty name or
-// an unsupported dtype, Error when the file cannot be written.
+// given, with optional string metadata, flushed to the disk. Throws InvalidArgument for a
+// duplicate or empty name or an unsupported dtype, IoError when the file cannot be written.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
@@ -35,19 +36,23 @@ class SafetensorsWriter {
     std::vector<int64_t> shape;
   };
   // Opens `path` and writes the header. InvalidArgument for an empty, reserved or repeated
-  // name or an unsupported dtype; Error when the file cannot be written.
+  // name or an unsupported dtype; IoError when the file cannot be written.
   SafetensorsWriter(const std::string& path, std::vector<Spec> specs,
                     const std::map<std::string, std::string>& metadata = {});
   // The next tensor's data (any device); its dtype and shape must be the spec's.
   void write_next(const at::Tensor& tensor);
-  // Flushes and closes; Error when a tensor is missing or a write failed.
+  // Flushes to the disk (fsync) and closes; Error when a tensor is missing, IoError when a
+  // write failed. The file is complete only then: write it under a staging name and
+  // io::publish it (export_safetensors does).
   void finish();
 
  private:
-  std::string path_;
+  // After the specs were checked and the header made: the file is created only then.
+  SafetensorsWriter(const std::string& path, const std::string& header, std::vector<Spec>&& specs);
+
   std::vector<Spec> specs_;
   size_t next_ = 0;
-  std::unique_ptr<std::ofstream> out_;
+  io::FileWriter out_;
 };
 
 // Reads every tensor of `path` into CPU memory, in the file's data order. Throws FormatError

@@ -35,13 +35,9 @@
 
 namespace fsdp::models::llama {
 
-struct PlanShape {
-  Config model;
-  int64_t seq = 0;
-  int64_t batch_per_rank = 0;  // sequences of one micro-batch on one rank
-  int compute_bytes = 4;       // 4: fp32; 2: bf16 compute (MixedPrecisionPolicy::param_dtype)
-  bool activation_checkpointing = false;  // of every decoder layer
-};
+// One step of the model: its config, seq, batch_per_rank, compute_bytes and
+// activation_checkpointing (fsdp/tools/planner.h).
+using PlanShape = fsdp::plan::StepShape<Config>;
 
 // Bytes one decoder layer's forward keeps for backward, in a stack of layers (its output only
 // where the next norm keeps it: fp32), for `tokens` tokens of sequences of `seq`.

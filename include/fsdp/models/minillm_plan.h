@@ -11,13 +11,9 @@
 
 namespace fsdp::models::minillm {
 
-struct PlanShape {
-  Config model;
-  int64_t seq = 0;
-  int64_t batch_per_rank = 0;  // sequences of one micro-batch on one rank
-  int compute_bytes = 4;       // 4: fp32; 2: bf16 compute
-  bool activation_checkpointing = false;
-};
+// One step of the model: its config, seq, batch_per_rank, compute_bytes and
+// activation_checkpointing (fsdp/tools/planner.h).
+using PlanShape = fsdp::plan::StepShape<Config>;
 
 // Bytes one block's forward keeps for backward (its output included) for `tokens` tokens.
 int64_t block_activation_bytes(const Config& c, int64_t tokens, int64_t seq, int compute_bytes);

@@ -60,6 +60,7 @@
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/detail/forward_args.h"
+#include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/options.h"
 #include "fsdp/runtime/stats.h"
 #include "fsdp/runtime/unique_parameters.h"
@@ -122,6 +123,10 @@ class FSDPModule {
   UnshardHandle unshard(bool async_op = false);
   // Frees the full parameters, registering the shards again (not recursive).
   void reshard();
+  // Where this unit is in the step and what its parameters hold now (lifecycle.h): for
+  // debugging and tests.
+  TrainingState training_state() const;
+  ShardedState sharded_state() const;
 
   // Off: the backwards that follow keep their gradients unsharded on every rank (full size, in
   // the reduce dtype) instead of reduce-scattering them; the first backward with sync on
@@ -132,6 +137,7 @@ class FSDPModule {
   // replicas (accumulation with less traffic between machines); the reduced shards are kept
   // and all-reduced once by the first backward with it on.
   void set_requires_all_reduce(bool all_reduce, bool recurse = true);
+  // Refused (InvalidArgument), like every switch below, while a backward of the tree runs.
   void set_reshard_after_forward(bool reshard, bool recurse = true);
   // Off: the full parameters stay after this unit's backward, so that the next forward needs
   // no gather (accumulation over micro-batches). They must be resharded before the optimizer

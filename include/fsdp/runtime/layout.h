@@ -1,5 +1,6 @@
 // Sharding layout and schedule: the arithmetic the runtime does, in one place, so that the
-// runtime, the planner (tools/planner.h) and the checkpoint code compute the same numbers.
+// runtime, the planner (tools/planner.h) and the full state dicts (which gather rows padded as
+// the runtime pads them) compute the same numbers.
 // Pure functions, no backend.
 //
 // Rows: torch.chunk's rule, as FSDP2 uses it: every rank gets ceil(dim0 / world) rows except
@@ -12,7 +13,9 @@
 // Schedule: in backward, after each unit's reduce-scatter is issued, older reductions are
 // finished so that at most kReductionsInFlight units' gradient buffers stay alive; with hybrid
 // sharding the one before the newest moves on to its all-reduce across replicas instead of
-// finishing. Forward and backward prefetch one unit ahead (kGathersAhead).
+// finishing. Forward and backward prefetch kGathersAhead unit ahead in the recorded order;
+// explicit prefetch lists (set_modules_to_forward_prefetch) may name more, which the planner
+// takes as PlanRequest::gathers_ahead.
 #pragma once
 
 #include <cstdint>

@@ -15,12 +15,6 @@ struct FullyShardOptions {
   // Free the full parameters after forward and gather them again for backward. Unset: true,
   // except for the root unit, which keeps them (it is the first to run backward).
   std::optional<bool> reshard_after_forward;
-  // FSDP2's reshard_after_forward as an int (ZeRO++'s hpZ): after forward, keep each parameter
-  // sharded over groups of this many consecutive ranks instead of freeing it, so that the
-  // backward's all-gather stays inside such a group (a machine) at the price of 1/ranks of the
-  // unit's full parameters per rank. 0: off. Otherwise a divisor of the shard group's size
-  // other than 1 and the size itself; fully_shard then splits the group (a collective).
-  int reshard_after_forward_ranks = 0;
   // Activation checkpointing: the unit's forward keeps only its inputs and records no graph;
   // backward gathers the parameters, recomputes the forward (with the random-number state of
   // the first run, so dropout draws the same mask) and backpropagates through it. Trades one
@@ -31,6 +25,14 @@ struct FullyShardOptions {
   // so another rank drawing random numbers meanwhile (seeding and building a model) may be
   // disturbed; separate processes are not affected.
   bool activation_checkpointing = false;
+  // FSDP2's reshard_after_forward as an int (ZeRO++'s hpZ): after forward, keep each parameter
+  // sharded over groups of this many consecutive ranks instead of freeing it, so that the
+  // backward's all-gather stays inside such a group (a machine) at the price of 1/ranks of the
+  // unit's full parameters per rank. 0: off. Otherwise a divisor of the shard group's size
+  // other than 1 and the size itself; fully_shard then splits the group (a collective).
+  // (Declared after 0.1.0's members, so that 0.1.0's positional
+  // FullyShardOptions{mp, reshard, checkpointing} keeps its meaning.)
+  int reshard_after_forward_ranks = 0;
   // Parameters of the module left as they are: not sharded, not gathered, their gradients not
   // reduced (FSDP2's ignored_params). Each rank keeps and trains its own copy.
   std::vector<at::Tensor> ignored_params = {};

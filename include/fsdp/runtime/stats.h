@@ -6,6 +6,13 @@
 
 namespace fsdp {
 
+// The deprecated members below are named by MemoryStats's implicit constructors and assignments;
+// a warning there would reach every program that copies one. Only a program's own use of an old
+// name warns.
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
 struct MemoryStats {
   // The unit and every unit inside it:
   int64_t sharded_param_bytes = 0;  // this rank's parameter shards (original dtype)
@@ -23,7 +30,21 @@ struct MemoryStats {
     // Freed CPU buffers kept for reuse by the next step (gathers, reductions, full parameters).
     int64_t cached_buffer_bytes = 0;
   } tree;
+
+  // Deprecated (since 0.2.0, removed in 0.3.0): 0.1.0 had the Tree's fields in MemoryStats
+  // itself. memory_stats() fills them with the same values as tree.<the same name>, so programs
+  // that read them keep working (writing one changes only that copy). Declared last: positional
+  // initialisation of the fields above is unchanged.
+  [[deprecated("use tree.full_param_bytes")]] int64_t full_param_bytes = 0;
+  [[deprecated("use tree.peak_full_param_bytes")]] int64_t peak_full_param_bytes = 0;
+  [[deprecated("use tree.comm_buffer_bytes")]] int64_t comm_buffer_bytes = 0;
+  [[deprecated("use tree.peak_comm_buffer_bytes")]] int64_t peak_comm_buffer_bytes = 0;
+  [[deprecated("use tree.cached_buffer_bytes")]] int64_t cached_buffer_bytes = 0;
 };
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
 struct CommStats {
   // Seconds the tree's computation waited for collectives since the units were created: the

@@ -15,7 +15,7 @@
 //   unit's (one at a time: a prefetched unit holds only its gather's buffers), in the compute
 //   dtype;
 // - communication buffers: the flat send and receive buffers of the collectives alive at once
-//   (in backward: kGathersAhead prefetched gathers and kReductionsInFlight reduce-scatters,
+//   (in backward: gathers_ahead prefetched gathers and kReductionsInFlight reduce-scatters,
 //   with hybrid sharding an all-reduce of a reduced shard). CPU runs keep freed buffers in a
 //   pool by size, so these high-water marks stay allocated for the whole run: the model adds
 //   them;
@@ -47,6 +47,18 @@ class PlanError : public Error {
 
 // A parameter: rows of dim 0 (the dimension that is sharded) and elements per row.
 using ParamShape = fsdp::ParamShape;
+
+// One training step of a model as its plan_units function sees it (fsdp/models/*_plan.h): the
+// model's config, the sequence length and micro-batch, the compute dtype's size, and whether
+// every block is checkpointed. Each model's PlanShape is this with its Config.
+template <typename ModelConfig>
+struct StepShape {
+  ModelConfig model;
+  int64_t seq = 0;
+  int64_t batch_per_rank = 0;  // sequences of one micro-batch on one rank
+  int compute_bytes = 4;       // 4: fp32; 2: bf16 compute (MixedPrecisionPolicy::param_dtype)
+  bool activation_checkpointing = false;  // of every block
+};
 
 struct UnitSpec {
   std::string name;
@@ -111,6 +123,11 @@ struct PlanRequest {
   // set links of the machines planned for, or a measured table.
   CommModel comm = CommModel::links(10e9, 10e9, 0);
   int64_t capacity_bytes = 0;  // per rank; 0: not checked
+  // Gathers issued ahead of the unit computing (prefetch): kGathersAhead with the recorded
+  // order; with set_modules_to_forward_prefetch / set_modules_to_backward_prefetch, the most
+  // units one list names (each holds its gather's buffers until its turn). Declared last: 0.1.0's
+  // positional initialisation keeps its meaning.
+  int gathers_ahead = kGathersAhead;
 };
 
 struct MemoryPlan {

@@ -3,7 +3,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include "fsdp/errors.h"
-#include "tools/range.h"
+#include "util/profiler_range.h"
 
 namespace fsdp::detail {
 

@@ -18,8 +18,8 @@
 #include "comm/nccl/nccl_work.h"
 #include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
-#include "tools/range.h"
 #include "util/check.h"
+#include "util/profiler_range.h"
 
 namespace fsdp {
 namespace {

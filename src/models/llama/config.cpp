@@ -10,7 +10,7 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/models/llama_config.h"
-#include "util/check.h"
+#include "model_check.h"
 
 namespace fsdp::models::llama {
 namespace {
@@ -215,10 +215,10 @@ std::string Config::architecture() const {
 }
 
 void validate(const Config& c) {
-  FSDP_CHECK_ARG(known_model_type(c.model_type),
-                 "llama config: model_type \"{}\" is not implemented (accepted: llama, mistral, "
-                 "qwen2: the architectures whose math is Llama's)",
-                 c.model_type);
+  FSDP_MODEL_CHECK(known_model_type(c.model_type),
+                   "llama config: model_type \"{}\" is not implemented (accepted: llama, mistral, "
+                   "qwen2: the architectures whose math is Llama's)",
+                   c.model_type);
   const std::pair<const char*, int64_t> sizes[] = {
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
@@ -230,55 +230,56 @@ void validate(const Config& c) {
   for (const auto& [name, value] : sizes) {
     // No layers is a valid (if useless) model: the embedding, the final norm and the head.
     const int64_t least = std::string(name) == "num_hidden_layers" ? 0 : 1;
-    FSDP_CHECK_ARG(value >= least, "llama config: {} is {}, expected at least {}", name, value,
-                   least);
+    FSDP_MODEL_CHECK(value >= least, "llama config: {} is {}, expected at least {}", name, value,
+                     least);
   }
-  FSDP_CHECK_ARG(c.head_dim >= 0, "llama config: head_dim is {}, expected a positive size",
-                 c.head_dim);
-  FSDP_CHECK_ARG(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
-                 "llama config: hidden_size {} does not divide by num_attention_heads {} (and no "
-                 "head_dim is given)",
-                 c.hidden_size, c.num_attention_heads);
-  FSDP_CHECK_ARG(c.num_attention_heads % c.num_key_value_heads == 0,
-                 "llama config: num_attention_heads {} does not divide by num_key_value_heads {} "
-                 "(each key/value head serves a whole group of query heads)",
-                 c.num_attention_heads, c.num_key_value_heads);
-  FSDP_CHECK_ARG(c.head_size() % 2 == 0,
-                 "llama config: the head size {} is odd; rotary embeddings rotate pairs",
-                 c.head_size());
-  FSDP_CHECK_ARG(c.hidden_act == "silu",
-                 "llama config: hidden_act \"{}\" is not implemented (only \"silu\")",
-                 c.hidden_act);
-  FSDP_CHECK_ARG(c.rms_norm_eps > 0, "llama config: rms_norm_eps is {}, expected > 0",
-                 c.rms_norm_eps);
-  FSDP_CHECK_ARG(c.rope_theta > 0, "llama config: rope_theta is {}, expected > 0", c.rope_theta);
+  FSDP_MODEL_CHECK(c.head_dim >= 0, "llama config: head_dim is {}, expected a positive size",
+                   c.head_dim);
+  FSDP_MODEL_CHECK(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0,
+                   "llama config: hidden_size {} does not divide by num_attention_heads {} (and no "
+                   "head_dim is given)",
+                   c.hidden_size, c.num_attention_heads);
+  FSDP_MODEL_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+                   "llama config: num_attention_heads {} does not divide by num_key_value_heads {} "
+                   "(each key/value head serves a whole group of query heads)",
+                   c.num_attention_heads, c.num_key_value_heads);
+  FSDP_MODEL_CHECK(c.head_size() % 2 == 0,
+                   "llama config: the head size {} is odd; rotary embeddings rotate pairs",
+                   c.head_size());
+  FSDP_MODEL_CHECK(c.hidden_act == "silu",
+                   "llama config: hidden_act \"{}\" is not implemented (only \"silu\")",
+                   c.hidden_act);
+  FSDP_MODEL_CHECK(c.rms_norm_eps > 0, "llama config: rms_norm_eps is {}, expected > 0",
+                   c.rms_norm_eps);
+  FSDP_MODEL_CHECK(c.rope_theta > 0, "llama config: rope_theta is {}, expected > 0", c.rope_theta);
   const RopeScaling& r = c.rope_scaling;
-  FSDP_CHECK_ARG(r.type == "default" || r.type == "linear" || r.type == "llama3",
-                 "llama config: rope type \"{}\" is not implemented (implemented: \"default\", "
-                 "\"linear\", \"llama3\")",
-                 r.type);
+  FSDP_MODEL_CHECK(r.type == "default" || r.type == "linear" || r.type == "llama3",
+                   "llama config: rope type \"{}\" is not implemented (implemented: \"default\", "
+                   "\"linear\", \"llama3\")",
+                   r.type);
   if (r.type != "default") {
-    FSDP_CHECK_ARG(r.factor > 0, "llama config: rope factor is {}, expected > 0", r.factor);
+    FSDP_MODEL_CHECK(r.factor > 0, "llama config: rope factor is {}, expected > 0", r.factor);
   }
   if (r.type == "llama3") {
     // The smoothing divides by high - low and the wavelength bounds by each factor.
-    FSDP_CHECK_ARG(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
-                   "llama config: llama3 rope low_freq_factor {} and high_freq_factor {}, "
-                   "expected 0 < low < high",
-                   r.low_freq_factor, r.high_freq_factor);
-    FSDP_CHECK_ARG(r.original_max_position_embeddings > 0,
-                   "llama config: llama3 rope original_max_position_embeddings is {}, expected > 0",
-                   r.original_max_position_embeddings);
+    FSDP_MODEL_CHECK(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                     "llama config: llama3 rope low_freq_factor {} and high_freq_factor {}, "
+                     "expected 0 < low < high",
+                     r.low_freq_factor, r.high_freq_factor);
+    FSDP_MODEL_CHECK(
+        r.original_max_position_embeddings > 0,
+        "llama config: llama3 rope original_max_position_embeddings is {}, expected > 0",
+        r.original_max_position_embeddings);
   }
-  FSDP_CHECK_ARG(c.initializer_range >= 0, "llama config: initializer_range is {}, expected >= 0",
-                 c.initializer_range);
-  FSDP_CHECK_ARG(c.model_type != "mistral" || (!c.attention_bias && !c.mlp_bias),
-                 "llama config: mistral has no attention or MLP biases");
-  FSDP_CHECK_ARG(c.model_type != "qwen2" || !c.mlp_bias, "llama config: qwen2 has no MLP bias");
+  FSDP_MODEL_CHECK(c.initializer_range >= 0, "llama config: initializer_range is {}, expected >= 0",
+                   c.initializer_range);
+  FSDP_MODEL_CHECK(c.model_type != "mistral" || (!c.attention_bias && !c.mlp_bias),
+                   "llama config: mistral has no attention or MLP biases");
+  FSDP_MODEL_CHECK(c.model_type != "qwen2" || !c.mlp_bias, "llama config: qwen2 has no MLP bias");
   auto check_token = [&](const char* name, int64_t id) {
-    FSDP_CHECK_ARG(0 <= id && id < c.vocab_size,
-                   "llama config: {} {} is outside the vocabulary of {} tokens", name, id,
-                   c.vocab_size);
+    FSDP_MODEL_CHECK(0 <= id && id < c.vocab_size,
+                     "llama config: {} {} is outside the vocabulary of {} tokens", name, id,
+                     c.vocab_size);
   };
   if (c.bos_token_id) check_token("bos_token_id", *c.bos_token_id);
   for (auto id : c.eos_token_ids) check_token("eos_token_id", id);
@@ -368,7 +369,7 @@ Config read_hf_config(const std::string& path) {
     if (probe) file = path + "/config.json";
   }
   std::ifstream in(file);
-  FSDP_CHECK_ARG(static_cast<bool>(in), "cannot read the model config {}", file);
+  FSDP_MODEL_CHECK(static_cast<bool>(in), "cannot read the model config {}", file);
   std::stringstream text;
   text << in.rdbuf();
   return from_hf_json(text.str(), file);

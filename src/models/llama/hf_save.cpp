@@ -1,14 +1,15 @@
 // A (sharded) model out as a Hugging Face directory: save_hf_checkpoint.
 //
-// Phases, each ending in an agreement (checkpoint/agreement.h) so that every rank throws the
-// same error and none waits in a gather that another rank never reaches:
+// Phases, each ending in an agreement (fsdp/comm/agree.h) so that every rank throws the same
+// error and none waits in a gather that another rank never reaches:
 // (1) every rank checks the model against the config; rank 0 checks the destination and the
 //     tokenizer files, plans the files from the global shapes and creates the temporary
 //     directory;
 // (2) every rank joins the gathers of for_each_full_tensor; rank 0 writes each tensor as it
 //     arrives (a write error stops the writing, never the gathers);
 // (3) rank 0 writes the index, config.json, generation_config.json, copies the tokenizer files,
-//     fsyncs and renames the directory into place, or removes it on any error.
+//     and publishes the directory (io::publish: fsync, rename, fsync of the parent), or removes
+//     it on any error.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -18,20 +19,21 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "checkpoint/agreement.h"
-#include "checkpoint/posix_files.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/state_dict.h"
+#include "fsdp/comm/agree.h"
+#include "fsdp/io/files.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/hf_checkpoint.h"
-#include "models/llama/hf_files.h"
-#include "util/check.h"
-#include "util/format.h"
+#include "llama/hf_files.h"
+#include "model_check.h"
 
 namespace fsdp::models::llama {
 namespace {
 
-using fsdp::detail::shape_str;
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 struct PlannedFile {
   std::string name;
@@ -113,16 +115,16 @@ std::vector<std::pair<std::string, std::string>> tokenizer_copies(
     out.emplace_back(from, name);
   };
   for (const auto& path : given) {
-    if (fsdp::detail::is_directory(path)) {
+    if (io::is_directory(path)) {
       size_t before = out.size();
       for (const auto& name : tokenizer_file_names()) {
-        if (fsdp::detail::path_exists(path + "/" + name)) add(path + "/" + name, name);
+        if (io::path_exists(path + "/" + name)) add(path + "/" + name, name);
       }
       if (out.size() == before) {
         throw CheckpointError(fmt::format("tokenizer directory {} holds none of {}", path,
                                           fmt::join(tokenizer_file_names(), ", ")));
       }
-    } else if (fsdp::detail::path_exists(path)) {
+    } else if (io::path_exists(path)) {
       const auto slash = path.find_last_of('/');
       add(path, slash == std::string::npos ? path : path.substr(slash + 1));
     } else {
@@ -165,16 +167,16 @@ const std::vector<std::string>& tokenizer_file_names() {
 void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& model,
                         const Config& config, const ProcessGroupPtr& world,
                         const HfSaveOptions& options) {
-  FSDP_CHECK_ARG(world != nullptr, "save_hf_checkpoint: the process group is null");
-  const std::string dir = detail::without_trailing_slash(dir_in);
+  FSDP_MODEL_CHECK(world != nullptr, "save_hf_checkpoint: the process group is null");
+  const std::string dir = io::without_trailing_slash(dir_in);
   const std::string what = fmt::format("save_hf_checkpoint {}", dir);
   const bool writer = world->rank() == 0;
   std::vector<PlannedFile> files;
   std::vector<std::pair<std::string, std::string>> copies;
-  std::string tmp, error;
+  std::string tmp, error;  // error: rank 0's first write error in phase (2)
 
   // (1) Checks and the plan.
-  try {
+  agree_on<CheckpointError>(*world, what, [&] {
     if (dir.empty()) throw CheckpointError("the directory name is empty");
     const auto t = options.dtype;
     if (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf) {
@@ -189,22 +191,18 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
     auto state = get_model_state_dict(model);  // names and global shapes: no communication
     check_model_matches(state, config);
     if (writer) {
-      if (fsdp::detail::path_exists(dir) &&
-          (!fsdp::detail::is_directory(dir) || !fsdp::detail::list_directory(dir).empty())) {
+      if (io::path_exists(dir) && (!io::is_directory(dir) || !io::list_directory(dir).empty())) {
         throw CheckpointError(fmt::format(
             "{} exists and is not an empty directory: nothing a user saved is overwritten", dir));
       }
       copies = tokenizer_copies(options.tokenizer_files);
       files = plan_files(state, options.dtype, options.max_shard_bytes);
-      fsdp::detail::make_directories(detail::parent_directory(dir));
+      io::make_directories(io::parent_directory(dir));
       tmp = temporary_name(dir);
-      fsdp::detail::remove_tree(tmp);
-      fsdp::detail::make_directories(tmp);
+      io::remove_tree(tmp);
+      io::make_directories(tmp);
     }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  fsdp::detail::agree_or_throw(*world, what, error);
+  });
 
   // (2) One full tensor at a time, written by rank 0 as it arrives.
   size_t file = 0, next = 0;
@@ -229,9 +227,8 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
         }
         out->write_next(t);
         if (++next == planned.specs.size()) {
-          out->finish();
+          out->finish();  // flushed to the disk
           out.reset();
-          detail::fsync_path(tmp + "/" + planned.name);
           ++file;
           next = 0;
         }
@@ -244,7 +241,7 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
     if (writer && !tmp.empty()) {
       try {
         out.reset();
-        fsdp::detail::remove_tree(tmp);
+        io::remove_tree(tmp);
       } catch (const std::exception&) {
         // The gather's error is the one to report.
       }
@@ -253,37 +250,33 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
   }
 
   // (3) The small files, then the directory into place.
-  if (writer) {
+  agree_on<CheckpointError>(*world, what, [&] {
+    if (!writer) return;
     try {
-      if (error.empty()) {
-        if (file != files.size()) {
-          throw CheckpointError(fmt::format("{} of {} files written", file, files.size()));
-        }
-        if (files.size() > 1) {
-          detail::write_text_file(tmp + "/" + detail::kIndexFile, index_json(files, options.dtype));
-        }
-        Config written = config;
-        written.dtype = dtype_config_name(options.dtype);
-        detail::write_text_file(tmp + "/config.json", to_hf_json(written));
-        detail::write_text_file(tmp + "/generation_config.json", to_generation_json(config));
-        for (const auto& [from, name] : copies) detail::copy_file(from, tmp + "/" + name);
-        detail::fsync_path(tmp);
-        fsdp::detail::rename_path(tmp, dir);
-        detail::fsync_path(detail::parent_directory(dir));
+      if (!error.empty()) throw CheckpointError(error);
+      if (file != files.size()) {
+        throw CheckpointError(fmt::format("{} of {} files written", file, files.size()));
       }
+      if (files.size() > 1) {
+        io::write_file(tmp + "/" + detail::kIndexFile, index_json(files, options.dtype));
+      }
+      Config written = config;
+      written.dtype = dtype_config_name(options.dtype);
+      io::write_file(tmp + "/config.json", to_hf_json(written));
+      io::write_file(tmp + "/generation_config.json", to_generation_json(config));
+      for (const auto& [from, name] : copies) io::copy_file(from, tmp + "/" + name);
+      io::publish(tmp, dir);
     } catch (const std::exception& e) {
-      error = e.what();
-    }
-    if (!error.empty()) {
+      std::string message = e.what();
       try {
         out.reset();
-        fsdp::detail::remove_tree(tmp);
-      } catch (const std::exception& e) {
-        error += fmt::format(" (and removing {} failed: {})", tmp, e.what());
+        io::remove_tree(tmp);
+      } catch (const std::exception& removing) {
+        message += fmt::format(" (and removing {} failed: {})", tmp, removing.what());
       }
+      throw CheckpointError(message);
     }
-  }
-  fsdp::detail::agree_or_throw(*world, what, error);
+  });
 }
 
 }  // namespace fsdp::models::llama

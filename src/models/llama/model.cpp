@@ -7,7 +7,7 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
-#include "util/check.h"
+#include "model_check.h"
 
 namespace fsdp::models::llama {
 namespace {
@@ -204,9 +204,9 @@ LlamaModelImpl::LlamaModelImpl(const Config& c, const BuildOptions& o)
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
-  FSDP_CHECK_ARG(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
-                 "llama: tokens must be [batch, seq] int64, got {} {}",
-                 c10::toString(tokens.scalar_type()), tokens.sizes().vec());
+  FSDP_MODEL_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong,
+                   "llama: tokens must be [batch, seq] int64, got {} {}",
+                   c10::toString(tokens.scalar_type()), tokens.sizes().vec());
   auto h = embed_tokens(tokens);
   // Moved once, at the first forward on a device, not copied in every step.
   if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());

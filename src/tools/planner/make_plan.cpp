@@ -21,6 +21,7 @@ void check_request(const PlanRequest& r) {
       l.ranks_per_host >= 0 && (l.ranks_per_host == 0 || l.world % l.ranks_per_host == 0),
       "plan: {} ranks per host do not divide a world of {} ranks", l.ranks_per_host, l.world);
   FSDP_CHECK_ARG(r.micro_batches >= 1, "plan: micro_batches must be >= 1, got {}", r.micro_batches);
+  FSDP_CHECK_ARG(r.gathers_ahead >= 0, "plan: gathers_ahead must be >= 0, got {}", r.gathers_ahead);
   for (int b : {r.dtypes.param_bytes, r.dtypes.compute_bytes, r.dtypes.reduce_bytes}) {
     FSDP_CHECK_ARG(b == 2 || b == 4 || b == 8, "plan: dtype sizes must be 2, 4 or 8 bytes, got {}",
                    b);

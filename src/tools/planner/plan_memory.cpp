@@ -45,11 +45,11 @@ MemoryPlan plan_memory(const PlanRequest& r) {
     // which keeps only its reduced shard. The pool keeps buffers by size and dtype, so with one
     // dtype gathers and reductions share them: the most alive at once.
     const int64_t reduced_shard = block_padded * d.reduce_bytes;
-    const int64_t gathers = std::min<int64_t>(blocks, kGathersAhead);
+    const int64_t gathers = std::min<int64_t>(blocks, r.gathers_ahead);
     const int64_t reductions = std::min<int64_t>(blocks, kReductionsInFlight);
     int64_t block_sets = 0;
     if (d.compute_bytes == d.reduce_bytes) {
-      const int64_t alive = std::min<int64_t>(blocks, kGathersAhead + kReductionsInFlight);
+      const int64_t alive = std::min<int64_t>(blocks, r.gathers_ahead + kReductionsInFlight);
       block_sets = set(block_padded, d.reduce_bytes) * alive +
                    (hybrid && blocks > alive ? reduced_shard : 0);
     } else {

@@ -1,4 +1,4 @@
-#include "options.h"
+#include "llama_options.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

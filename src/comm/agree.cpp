@@ -1,13 +1,11 @@
-#include "checkpoint/agreement.h"
+#include "fsdp/comm/agree.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "fsdp/checkpoint/checkpoint.h"
-
-namespace fsdp::detail {
+namespace fsdp {
 
 std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string& mine) {
   const int world = pg.size();
@@ -30,24 +28,25 @@ std::vector<std::string> all_gather_strings(ProcessGroup& pg, const std::string&
   return out;
 }
 
-std::string current_exception_message() {
+std::string agreed_failures(ProcessGroup& pg, const std::string& what,
+                            const std::function<void()>& fn) {
+  std::string error;
   try {
-    throw;
+    fn();
   } catch (const std::exception& e) {
-    return e.what();
+    error = e.what();
+    // An empty message still marks this rank as failed.
+    if (error.empty()) error = "an exception without a message";
   } catch (...) {
-    return "unknown error";
+    error = "unknown error";
   }
-}
-
-void agree_or_throw(ProcessGroup& pg, const std::string& what, const std::string& error) {
   auto all = all_gather_strings(pg, error);
   std::string message;
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty())
       message += fmt::format("{}rank {}: {}", message.empty() ? "" : "; ", r, all[r]);
   }
-  if (!message.empty()) throw CheckpointError(fmt::format("{}: {}", what, message));
+  return message.empty() ? message : fmt::format("{}: {}", what, message);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp

@@ -5,17 +5,17 @@
 #include <fstream>
 #include <set>
 
+#include "fsdp/data/token_file.h"
 #include "fsdp/errors.h"
-#include "fsdp/models/token_file.h"
 #include "models/llama_test_util.h"
 #include "support/expect_error.h"
 
 namespace fsdp::testing {
 namespace {
 
-using fsdp::models::TokenDtype;
-using fsdp::models::TokenFile;
-using fsdp::models::TokenFileOptions;
+using fsdp::data::TokenDtype;
+using fsdp::data::TokenFile;
+using fsdp::data::TokenFileOptions;
 
 template <typename T>
 std::string write_tokens(const std::vector<T>& ids) {
@@ -52,9 +52,9 @@ uint64_t mix_by_hand(uint64_t x) {
 
 TEST(TokenFile, DrawMatchesPythonsReference) {
   // tests/reference/hf_llama.py's draw() printed these.
-  EXPECT_EQ(fsdp::models::draw(1234, 3, 5), 461744310552544539ULL);
-  EXPECT_EQ(fsdp::models::draw(0, 0, 0), 2558736989570252433ULL);
-  EXPECT_EQ(fsdp::models::draw(7, 11, 2), 12533817405398265786ULL);
+  EXPECT_EQ(fsdp::data::draw(1234, 3, 5), 461744310552544539ULL);
+  EXPECT_EQ(fsdp::data::draw(0, 0, 0), 2558736989570252433ULL);
+  EXPECT_EQ(fsdp::data::draw(7, 11, 2), 12533817405398265786ULL);
 }
 
 TEST(TokenFile, ReadsUint16AndUint32) {
@@ -103,7 +103,7 @@ TEST(TokenFile, BatchesFollowTheDrawRule) {
     for (int r = 0; r < world; ++r) parts.push_back(f.rank_batch(4, global, r, world).inputs);
     EXPECT_TRUE(torch::equal(torch::cat(parts), whole.inputs)) << "world " << world;
   }
-  auto s = fsdp::models::share(12, 2, 4);
+  auto s = fsdp::data::share(12, 2, 4);
   EXPECT_EQ(s.first, 6);
   EXPECT_EQ(s.count, 3);
   std::remove(path.c_str());

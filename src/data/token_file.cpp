@@ -1,5 +1,5 @@
 // Memory-mapped token files (token_file.h).
-#include "fsdp/models/token_file.h"
+#include "fsdp/data/token_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -14,7 +14,7 @@
 #include "fsdp/errors.h"
 #include "util/check.h"
 
-namespace fsdp::models {
+namespace fsdp::data {
 
 // The ids are read as they lie in the file: little-endian, like the machines this builds for.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are little-endian");
@@ -204,4 +204,4 @@ Share TokenFile::val_windows(int rank, int world) const {
   return share(val_window_count(), rank, world);
 }
 
-}  // namespace fsdp::models
+}  // namespace fsdp::data

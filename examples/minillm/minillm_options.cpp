@@ -1,4 +1,4 @@
-#include "options.h"
+#include "minillm_options.h"
 
 #include <fmt/format.h>
 

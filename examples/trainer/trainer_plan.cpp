@@ -1,4 +1,4 @@
-#include "plan.h"
+#include "trainer_plan.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""The house's floors: the folder-level include graph of src/ and include/fsdp/ has no edge
+running back up; and no two sources of the library and its programs share a file name (so that
+a stack trace or a build log names one file).
+
+A folder is a layer: src/X and include/fsdp/X are the same layer X. Each layer may include only
+the layers listed under it in LAYERS (and itself); every edge found is checked, and for the
+layers that build against public headers only (models), every include of a private src/ header
+of another layer fails too. Run by ctest (include_graph_layers); exits 1 listing each offending
+#include with its file.
+
+    tests/build/check_layers.py [REPO]
+"""
+import os
+import re
+import sys
+
+# Each layer and the layers below it that it may include. Bottom first.
+LAYERS = {
+    "util": set(),
+    "detail": set(),  # include/fsdp/detail: the templates of fully_shard.h's Unit
+    "comm": {"util"},
+    "io": {"util"},
+    "data": {"util", "io"},
+    "launch": {"util", "comm"},
+    "runtime": {"util", "comm", "detail"},
+    "optim": {"util", "comm", "runtime"},
+    "checkpoint": {"util", "comm", "io", "runtime"},
+    "tools": {"util", "runtime"},
+    "models": {"comm", "io", "data", "runtime", "checkpoint", "optim", "tools"},
+}
+# Layers that see some layers (None: every other) through their public headers only
+# (include/fsdp/): the models library builds as a user's would, and checkpoints, optimizer
+# state and clipping read the runtime through its public shard view.
+PUBLIC_ONLY = {"models": None, "checkpoint": {"runtime"}, "optim": {"runtime"}}
+# Headers every layer may include: the errors, the umbrella's pieces are layers themselves.
+ANYWHERE = {"fsdp/errors.h"}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def layer_of(rel):
+    parts = rel.split("/")
+    if parts[0] == "include" and len(parts) > 3:
+        return parts[2]
+    if parts[0] == "src" and len(parts) > 2:
+        return parts[1]
+    return None
+
+
+def main():
+    repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                           os.path.join(os.path.dirname(__file__), "..", ".."))
+    problems, edges = [], set()
+    for base in ("src", "include"):
+        for d, _, files in os.walk(os.path.join(repo, base)):
+            for f in files:
+                if not f.endswith((".h", ".cpp")):
+                    continue
+                rel = os.path.relpath(os.path.join(d, f), repo)
+                if "gloo_decls" in rel:  # a vendored engine's declarations
+                    continue
+                a = layer_of(rel)
+                if a is None:
+                    continue
+                if a not in LAYERS:
+                    problems.append(f"{rel}: folder '{a}' is not a layer of {__file__}")
+                    continue
+                for line in open(os.path.join(repo, rel), errors="replace"):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    inc = m.group(1)
+                    if inc in ANYWHERE:
+                        continue
+                    public = inc.startswith("fsdp/")
+                    b = layer_of("include/" + inc) if public else (
+                        inc.split("/")[0] if "/" in inc else None)
+                    if b is None or b == a:
+                        continue
+                    if b not in LAYERS:
+                        continue  # a library's own private folder (models' llama/)
+                    edges.add((a, b))
+                    if b not in LAYERS[a]:
+                        problems.append(f"{rel}: #include \"{inc}\": {a} may not include {b} "
+                                        f"(it may include {', '.join(sorted(LAYERS[a])) or 'nothing'})")
+                    elif (not public and a in PUBLIC_ONLY and
+                          (PUBLIC_ONLY[a] is None or b in PUBLIC_ONLY[a])):
+                        problems.append(f"{rel}: #include \"{inc}\": {a} sees {b} through its "
+                                        "public headers only (include/fsdp/)")
+    names = {}
+    for base in ("src", "examples"):
+        for d, _, files in os.walk(os.path.join(repo, base)):
+            for f in files:
+                if f.endswith(".cpp"):
+                    names.setdefault(f, []).append(os.path.relpath(os.path.join(d, f), repo))
+    for f, paths in sorted(names.items()):
+        if len(paths) > 1:
+            problems.append(f"{f} names {len(paths)} sources: {', '.join(sorted(paths))}")
+    for a, b in sorted(edges):
+        print(f"{a} -> {b}")
+    for p in problems:
+        print("FAILED:", p)
+    if not problems:
+        print(f"include_graph_layers: {len(edges)} folder edges, none running back up")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
