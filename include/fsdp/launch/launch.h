@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -55,15 +56,51 @@ DeviceChoice parse_device_choice(const std::string& name);
 // "fake" is refused: the fake group is for tests (make_fake_group), not a launch.
 std::optional<Backend> parse_backend_choice(const std::string& name);
 
+// InitOptions::backend: a std::optional<Backend> (nullopt: auto) that also takes 0.1.0's names.
+// The constructors are implicit, as the optional's are.
+class BackendOption : public std::optional<Backend> {
+ public:
+  BackendOption() = default;
+  using std::optional<Backend>::optional;
+  BackendOption(const std::optional<Backend>& backend) : std::optional<Backend>(backend) {}
+  // Deprecated (since 0.2.0): 0.1.0's string, as parse_backend_choice reads it ("auto": nullopt).
+  // A name it refuses throws its LaunchError here (0.1.0 threw it from init_from_env).
+  [[deprecated("assign a fsdp::Backend, or std::nullopt for auto")]] BackendOption(
+      const std::string& name)
+      : std::optional<Backend>(parse_backend_choice(name)) {}
+  [[deprecated("assign a fsdp::Backend, or std::nullopt for auto")]] BackendOption(const char* name)
+      : std::optional<Backend>(parse_backend_choice(name)) {}
+  BackendOption(std::nullptr_t) = delete;
+};
+
+// InitOptions::device: a DeviceChoice that also takes 0.1.0's names. The constructors and the
+// conversion are implicit, so that it reads and assigns as the enum does.
+class DeviceOption {
+ public:
+  DeviceOption(DeviceChoice choice = DeviceChoice::kAuto) : choice_(choice) {}
+  // Deprecated (since 0.2.0): 0.1.0's string, as parse_device_choice reads it. A name it refuses
+  // throws its LaunchError here (0.1.0 threw it from init_from_env).
+  [[deprecated("assign a fsdp::DeviceChoice")]] DeviceOption(const std::string& name)
+      : choice_(parse_device_choice(name)) {}
+  [[deprecated("assign a fsdp::DeviceChoice")]] DeviceOption(const char* name)
+      : choice_(parse_device_choice(name)) {}
+  DeviceOption(std::nullptr_t) = delete;
+
+  operator DeviceChoice() const { return choice_; }
+
+ private:
+  DeviceChoice choice_;
+};
+
 struct InitOptions {
   // The engine. nullopt (auto): the FSDP_BACKEND environment variable when set; else NCCL when
   // the device is CUDA, MPI under mpirun, Gloo under a torchrun-style launch, the in-process
   // "local" group for a single process.
-  std::optional<Backend> backend;
+  BackendOption backend;
   // The device. kAuto: the FSDP_DEVICE environment variable when set; else the CPU when the
   // engine is a CPU one (MPI, Gloo, local: forcing FSDP_BACKEND=gloo on a GPU machine runs on
   // the CPU), else cuda:LOCAL_RANK when libtorch sees a GPU, else the CPU.
-  DeviceChoice device = DeviceChoice::kAuto;
+  DeviceOption device = DeviceChoice::kAuto;
   // How long a collective or the rendezvous waits for peers before failing with CommError:
   // Gloo, MPI (which then aborts the job: make_mpi_world_group), NCCL (its watchdog and its
   // initialisation), the TCP store. A dead, stuck or diverged peer ends the run in about this
@@ -100,5 +137,60 @@ Distributed init_from_env(const InitOptions& options = {});
 // The same from a LaunchInfo the program already has (detect_launch() called once, say to
 // validate flags before any communication).
 Distributed init_from_launch(const LaunchInfo& launch, const InitOptions& options = {});
+
+// Deprecated (since 0.2.0): 0.1.0's LaunchInfo::launcher, InitOptions::backend and
+// InitOptions::device were strings; these compare the new values with such a string by name
+// (launcher_name, backend_name or "auto", device_choice_name), so `info.launcher == "torchrun"`
+// keeps its meaning. An unknown name compares unequal.
+[[deprecated("compare with a fsdp::Launcher")]] inline bool operator==(Launcher launcher,
+                                                                       const std::string& name) {
+  return name == launcher_name(launcher);
+}
+[[deprecated("compare with a fsdp::Launcher")]] inline bool operator==(const std::string& name,
+                                                                       Launcher launcher) {
+  return name == launcher_name(launcher);
+}
+[[deprecated("compare with a fsdp::Launcher")]] inline bool operator!=(Launcher launcher,
+                                                                       const std::string& name) {
+  return name != launcher_name(launcher);
+}
+[[deprecated("compare with a fsdp::Launcher")]] inline bool operator!=(const std::string& name,
+                                                                       Launcher launcher) {
+  return name != launcher_name(launcher);
+}
+
+[[deprecated("compare with a fsdp::Backend, or std::nullopt for auto")]] inline bool operator==(
+    const BackendOption& backend, const std::string& name) {
+  return name == (backend ? backend_name(*backend) : "auto");
+}
+[[deprecated("compare with a fsdp::Backend, or std::nullopt for auto")]] inline bool operator==(
+    const std::string& name, const BackendOption& backend) {
+  return name == (backend ? backend_name(*backend) : "auto");
+}
+[[deprecated("compare with a fsdp::Backend, or std::nullopt for auto")]] inline bool operator!=(
+    const BackendOption& backend, const std::string& name) {
+  return name != (backend ? backend_name(*backend) : "auto");
+}
+[[deprecated("compare with a fsdp::Backend, or std::nullopt for auto")]] inline bool operator!=(
+    const std::string& name, const BackendOption& backend) {
+  return name != (backend ? backend_name(*backend) : "auto");
+}
+
+[[deprecated("compare with a fsdp::DeviceChoice")]] inline bool operator==(
+    const DeviceOption& device, const std::string& name) {
+  return name == device_choice_name(device);
+}
+[[deprecated("compare with a fsdp::DeviceChoice")]] inline bool operator==(
+    const std::string& name, const DeviceOption& device) {
+  return name == device_choice_name(device);
+}
+[[deprecated("compare with a fsdp::DeviceChoice")]] inline bool operator!=(
+    const DeviceOption& device, const std::string& name) {
+  return name != device_choice_name(device);
+}
+[[deprecated("compare with a fsdp::DeviceChoice")]] inline bool operator!=(
+    const std::string& name, const DeviceOption& device) {
+  return name != device_choice_name(device);
+}
 
 }  // namespace fsdp

@@ -51,7 +51,6 @@ struct ProfileSummary {
   // (fsdp::*_wait ranges), the trainer's "exposed comm" over the same steps. Device: time NCCL's
   // kernels ran while no other kernel did (a CUDA wait() does not block the host).
   double exposed_comm_ms = 0;
-  bool device_figures = false;
   // 1 - exposed / comm: the share of communication hidden behind compute (0 when none).
   double overlap = 0;
   // Calls of each fsdp:: range, by its name without the unit ("fsdp::all_gather_wait").
@@ -61,6 +60,9 @@ struct ProfileSummary {
   // reduce-scatter wait includes the all-reduce across replicas that follows it. Host time: on
   // CUDA it is the cost of queueing the wait, not the stall (see exposed_comm_ms).
   std::map<std::string, double> all_gather_wait_ms, reduce_scatter_wait_ms;
+  // compute_ms, comm_ms and exposed_comm_ms were measured on the device. (Declared last, so
+  // that 0.1.0's members keep their order.)
+  bool device_figures = false;
 };
 
 struct ProfileOptions {
