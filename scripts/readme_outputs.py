@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""README's command blocks, run as printed and held against what README shows.
+
+    scripts/readme_outputs.py check BLOCK... [--build DIR] [--python PY] [--skip REGEX]...
+    scripts/readme_outputs.py update BLOCK... [--build DIR] [--python PY] [--skip REGEX]...
+    scripts/readme_outputs.py list
+
+A block is the fenced code block that follows a line `<!-- readme-run: NAME [options] -->` in
+README.md; blocks run in README's order, in one scratch directory. Its commands are the lines that start with "$ " (continued by lines ending in "\"),
+run one after another with bash in a scratch directory that sees the repository's `scripts/`,
+`tests/`, `examples/` and `bench/` and the build as `build/`, with the Python environment's
+`bin/` first on PATH (so `python` is the venv's, as README says). What follows a command up
+to the next one is what it printed: README shows a selection of the lines (and "..." where it
+leaves some out). A block without "$ " lines shows the output of the command the marker names
+(`cmd=...`, words joined by "+": the quick start's `scripts/run_example.sh`).
+
+check:  every line README shows must appear, in order, in what the command printed now. Lines
+        are found by their key (the step number for "step N" lines, "validation after N steps",
+        else the text with every number masked) and compared with the fields that change from
+        run to run masked: rates, times, resident memory, PIDs. Other numbers (losses, sizes,
+        counts, validation losses) must be equal (floats of 8 or more significant digits to a
+        relative 1e-7, which absorbs a different summation order in Python's BLAS). ctest runs
+        it on the quick start and the fine-tune walkthrough.
+update: runs the same and writes each shown line anew from the run (the selection and the
+        "..." stay), so that README prints what the current tree prints.
+
+Marker options: `allow-fail` (a command of the block is expected to exit non-zero: the crash of
+the checkpoint demo), `cmd=a+b+c`. Commands matching a --skip REGEX are not run (their
+lines are neither checked nor updated): ctest skips scripts/check_edge_runtimes.sh, which
+builds llama.cpp for 16 minutes. run_example.sh is run with FSDP_EXAMPLE_PREBUILT=1 (the build
+exists: no install, no build).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+MARKER = re.compile(r"^<!-- readme-run: (\S+)(.*?)-->\s*$")
+
+# Fields that differ between two runs of the same command on the same machine.
+VOLATILE = [
+    (re.compile(r"\b\d+(?:\.\d+)? tok/s"), "# tok/s"),
+    (re.compile(r"step \d+\.\d+ s\b"), "step # s"),
+    (re.compile(r"\(compute [\d.]+, exposed comm [\d.]+\)"), "(compute #, exposed comm #)"),
+    (re.compile(r"peak rss \d+ MiB"), "peak rss # MiB"),
+    (re.compile(r"peak \d+ MiB/rank"), "peak # MiB/rank"),
+    (re.compile(r"[\d.]+ s/step"), "# s/step"),
+    (re.compile(r"\b\d+(?:\.\d+)?s\)"), "#s)"),
+    (re.compile(r"\bin [\d.]+ ?s\b"), "in # s"),
+    (re.compile(r"\bPID \d+"), "PID #"),
+    (re.compile(r"\bon node \S+"), "on node #"),
+]
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def volatile_masked(line):
+    for pattern, replacement in VOLATILE:
+        line = pattern.sub(replacement, line)
+    return re.sub(r"\s+", " ", line.strip())  # rates are padded to a width
+
+
+def key(line):
+    line = line.strip()
+    m = re.match(r"step\s+(\d+)\b", line)
+    if m:
+        return "step " + m.group(1)
+    m = re.match(r"validation after (\d+) steps", line)
+    if m:
+        return m.group(0)
+    return NUMBER.sub("#", volatile_masked(line))
+
+
+def same_figures(shown, printed):
+    """Whether two lines with the same key print the same deterministic figures."""
+    a, b = volatile_masked(shown.strip()), volatile_masked(printed.strip())
+    if NUMBER.sub("#", a) != NUMBER.sub("#", b):
+        return False
+    for x, y in zip(NUMBER.findall(a), NUMBER.findall(b)):
+        if x == y:
+            continue
+        digits = len(re.sub(r"[^0-9]", "", x.split("e")[0].lstrip("0.")))
+        if digits >= 8 and abs(float(x) - float(y)) <= 1e-7 * abs(float(x)):
+            continue
+        return False
+    return True
+
+
+class Block:
+    def __init__(self, name, options, start, end, lines):
+        self.name, self.options = name, options
+        self.start, self.end = start, end  # README line indices of the fence's content
+        self.lines = lines
+
+    def commands(self):
+        """[(command text, [shown output lines with their README indices])]"""
+        out, i = [], 0
+        cmd = self.options.get("cmd")
+        if cmd and not any(l.startswith("$ ") for l in self.lines):
+            return [(cmd.replace("+", " "), list(enumerate(self.lines, self.start)))]
+        while i < len(self.lines):
+            line = self.lines[i]
+            if not line.startswith("$ "):
+                i += 1
+                continue
+            text = line[2:]
+            while text.endswith("\\") and i + 1 < len(self.lines):
+                i += 1
+                text = text[:-1] + " " + self.lines[i].strip()
+            shown = []
+            i += 1
+            while i < len(self.lines) and not self.lines[i].startswith("$ "):
+                shown.append((self.start + i, self.lines[i]))
+                i += 1
+            out.append((text, shown))
+        return out
+
+
+def read_blocks(text):
+    lines = text.split("\n")
+    blocks = {}
+    for n, line in enumerate(lines):
+        m = MARKER.match(line)
+        if not m:
+            continue
+        options = {}
+        for word in m.group(2).split():
+            k, _, v = word.partition("=")
+            options[k] = v or True
+        fence = n + 1
+        while fence < len(lines) and not lines[fence].startswith("```"):
+            fence += 1
+        end = fence + 1
+        while end < len(lines) and not lines[end].startswith("```"):
+            end += 1
+        blocks[m.group(1)] = Block(m.group(1), options, fence + 1, end, lines[fence + 1:end])
+    return lines, blocks
+
+
+def scratch_dir(build):
+    work = tempfile.mkdtemp(prefix="fsdp_readme_")
+    for name in ("scripts", "tests", "examples", "bench"):
+        os.symlink(os.path.join(ROOT, name), os.path.join(work, name))
+    os.symlink(os.path.abspath(build), os.path.join(work, "build"))
+    return work
+
+
+def run(command, work, env):
+    print(f"$ {command}", flush=True)
+    p = subprocess.run(["bash", "-c", command], cwd=work, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    sys.stdout.write(p.stdout)
+    return p.returncode, p.stdout.split("\n")
+
+
+def abbreviated(shown, printed):
+    """A shown line that ends in "| ..." shows the printed line's first fields only."""
+    if not shown.rstrip().endswith("| ..."):
+        return printed
+    fields = shown.rstrip()[:-len("| ...")].count("|")
+    return "|".join(printed.split("|")[:fields]) + "| ..."
+
+
+def match(shown, printed):
+    """For each shown line (index, text): the printed line with its key, or None. Lines are
+    looked for after the previous match first (README shows them in order), then anywhere (a
+    table sorted by time reorders its rows from run to run)."""
+    found, pos = [], 0
+    for index, line in shown:
+        if line.strip() in ("...", ""):
+            found.append((index, line, line))
+            continue
+        k = key(line)
+        order = list(range(pos, len(printed))) + list(range(0, pos))
+        j = next((j for j in order if key(abbreviated(line, printed[j])) == k), None)
+        if j is None:
+            found.append((index, line, None))
+        else:
+            found.append((index, line, abbreviated(line, printed[j])))
+            pos = j + 1
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["check", "update", "list"])
+    ap.add_argument("blocks", nargs="*")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--python", default=os.path.expanduser("~/.cache/fsdp-cpp/venv/bin/python"))
+    ap.add_argument("--skip", action="append", default=[], help="regex of commands not to run")
+    args = ap.parse_args()
+    text = open(README).read()
+    lines, blocks = read_blocks(text)
+    if args.mode == "list":
+        for b in blocks.values():
+            print(b.name, " | ".join(c for c, _ in b.commands()))
+        return 0
+    names = [n for n in blocks if not args.blocks or n in args.blocks]  # README's order
+    unknown = [n for n in args.blocks if n not in blocks]
+    if unknown:
+        print(f"readme_outputs: README has no block {unknown} (it has {list(blocks)})")
+        return 2
+    if not os.path.isfile(os.path.join(args.build, "bin", "train_minillm")):
+        print(f"readme_outputs: {args.build} holds no build (bin/train_minillm)")
+        return 2
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(os.path.abspath(args.python)) + os.pathsep + env["PATH"]
+    env["FSDP_EXAMPLE_PREBUILT"] = "1"
+    env["BUILD_DIR"] = os.path.abspath(args.build)
+    # The commands choose their own threads (README's flags; run_example.sh's), as a user's do.
+    env.pop("OMP_NUM_THREADS", None)
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    problems, changed = [], 0
+    # One scratch directory for the blocks of a run, in README's order: a block may read what an
+    # earlier one wrote (roofline reads profile's trace), as a reader following README would.
+    work = scratch_dir(args.build)
+    try:
+        for name in names:
+            block = blocks[name]
+            for command, shown in block.commands():
+                if any(re.search(s, command) for s in args.skip):
+                    print(f"(skipped: {command})")
+                    continue
+                rc, printed = run(command, work, env)
+                if rc != 0 and not block.options.get("allow-fail"):
+                    problems.append(f"{name}: `{command}` exited with {rc}")
+                    continue
+                for index, line, got in match(shown, printed):
+                    if got is None:
+                        problems.append(f"{name}: README shows\n    {line}\n  the run printed no "
+                                        f"line like it (`{command}`)")
+                    elif args.mode == "check" and not same_figures(line, got):
+                        problems.append(f"{name}: README shows\n    {line}\n  the run printed\n"
+                                        f"    {got}")
+                    elif args.mode == "update" and got != line:
+                        lines[index] = got.rstrip()
+                        changed += 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.mode == "update" and changed:
+        with open(README, "w") as f:
+            f.write("\n".join(lines))
+        print(f"readme_outputs: {changed} lines of README.md rewritten")
+    for p in problems:
+        print("FAILED:", p)
+    if not problems:
+        print(f"readme_outputs: {args.mode} of {', '.join(names)}: every line README shows "
+              f"{'matches' if args.mode == 'check' else 'is current'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
