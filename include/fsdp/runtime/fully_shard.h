@@ -212,7 +212,13 @@ class Unit : public FSDPModule {
     using Out = std::invoke_result_t<F&, Args&&...>;
     static_assert(!std::is_reference_v<Out>,
                   "fsdp::Unit: a method run through FSDP must return by value");
-    auto unit_state = module_ ? detail::unit_state_of(*module_) : nullptr;
+    // The state is looked up once it exists and kept: a lookup walks the module's children
+    // (libtorch copies them), and a module's state never changes once fully_shard made it.
+    auto unit_state = state_cache_.lock();
+    if (!unit_state && module_) {
+      unit_state = detail::unit_state_of(*module_);
+      state_cache_ = unit_state;
+    }
     if (!unit_state) return f(std::forward<Args>(args)...);
     using Stored = std::tuple<std::decay_t<Args>...>;
     auto stored = std::make_shared<Stored>(std::forward<Args>(args)...);
@@ -244,6 +250,7 @@ class Unit : public FSDPModule {
   }
 
   Holder holder_{nullptr};
+  std::weak_ptr<detail::UnitState> state_cache_;
 };
 
 // Shards `holder`'s parameters over `pg` (see the file comment) and returns it as a Unit.
