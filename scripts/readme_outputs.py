@@ -161,7 +161,7 @@ def abbreviated(shown, printed):
     """A shown line that ends in "| ..." shows the printed line's first fields only."""
     if not shown.rstrip().endswith("| ..."):
         return printed
-    fields = shown.rstrip()[:-len("| ...")].count("|")
+    fields = shown.rstrip()[:-len("| ...")].count("|") + 1
     return "|".join(printed.split("|")[:fields]) + "| ..."
 
 
