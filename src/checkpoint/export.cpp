@@ -20,9 +20,12 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   const std::string what = fmt::format("export_safetensors {}", path);
   std::unique_ptr<SafetensorsWriter> writer;
   agree_on<CheckpointError>(g, what, [&] {
+    // On every rank: reading the state dict first resets a tree left stale by a failed step,
+    // which may finish reductions in flight (collectives every rank must join).
+    const auto state = get_model_state_dict(model);
     if (!writer_rank) return;
     std::vector<SafetensorsWriter::Spec> specs;
-    for (const auto& [name, t] : get_model_state_dict(model)) {
+    for (const auto& [name, t] : state) {
       const auto dtype =
           options.dtype && t.local.is_floating_point() ? *options.dtype : t.local.scalar_type();
       specs.push_back({name, dtype, t.global_shape});

@@ -19,8 +19,9 @@ void CommContext::give_buffer(at::Tensor buffer) {
 
 at::DataPtr CommContext::take_full_bytes(int64_t nbytes, c10::Device device,
                                          at::Allocator* fallback) {
-  add(full_bytes_, peak_full_bytes_, nbytes);
-  return pool_->take_bytes(nbytes, device, fallback);
+  at::DataPtr bytes = pool_->take_bytes(nbytes, device, fallback);
+  add(full_bytes_, peak_full_bytes_, nbytes);  // once they exist (an allocation may throw)
+  return bytes;
 }
 
 void CommContext::track(std::shared_ptr<Reduction> reduction) {

@@ -4,6 +4,12 @@
 #include <torch/csrc/autograd/function.h>
 
 namespace fsdp::detail {
+
+struct FullBytes {
+  at::DataPtr inner;  // the attached bytes
+  const ShardMark* mark = nullptr;
+};
+
 namespace {
 
 // A shard's bytes: the allocation it was made with, and its mark. Its deleter is what
@@ -14,6 +20,10 @@ struct ShardBytes {
 };
 
 void delete_shard_bytes(void* ctx) { delete static_cast<ShardBytes*>(ctx); }
+
+// The full tensor's DataPtr deleter: drops the attached bytes (back to their pool), not the
+// FullBytes, which its FsdpParam owns for its life.
+void release_full_bytes(void* ctx) { static_cast<FullBytes*>(ctx)->inner.clear(); }
 
 // Re-wraps `t`'s storage bytes in a DataPtr that carries `mark`.
 void mark_as_shard(const at::Tensor& t, ShardMark mark) {
@@ -30,8 +40,13 @@ void mark_as_shard(const at::Tensor& t, ShardMark mark) {
 const ShardMark* shard_mark(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return nullptr;
   const at::DataPtr& ptr = t.storage().data_ptr();
-  if (ptr.get_deleter() != &delete_shard_bytes) return nullptr;
-  return &static_cast<const ShardBytes*>(ptr.get_context())->mark;
+  if (ptr.get_deleter() == &delete_shard_bytes) {
+    return &static_cast<const ShardBytes*>(ptr.get_context())->mark;
+  }
+  if (ptr.get_deleter() == &release_full_bytes) {
+    return static_cast<const FullBytes*>(ptr.get_context())->mark;
+  }
+  return nullptr;
 }
 
 FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
@@ -50,6 +65,8 @@ FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
                                   replicate ? replicate->rank() : 0});
   full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());
+  full_bytes_ = std::make_unique<FullBytes>();
+  full_bytes_->mark = shard_mark(shard_);
   // The full tensor starts without bytes; gathers attach them.
   auto* storage = full_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr(at::DataPtr(nullptr, full_.device()));
@@ -77,9 +94,20 @@ at::Allocator* FsdpParam::full_allocator() const {
   return full_.storage().unsafeGetStorageImpl()->allocator();
 }
 
+FsdpParam::~FsdpParam() {
+  // While the bytes are attached the storage's deleter refers to full_bytes_, which goes now.
+  if (full_.defined()) release_full();
+}
+
+FsdpParam::FsdpParam(FsdpParam&&) noexcept = default;
+
 const at::Tensor& FsdpParam::attach_full(at::DataPtr bytes) {
   auto* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr(std::move(bytes));
+  // Wrapped, so that the storage carries the shard's mark while the parameter holds it.
+  void* data = bytes.get();
+  const auto device = bytes.device();
+  full_bytes_->inner = std::move(bytes);
+  storage->set_data_ptr(at::DataPtr(data, full_bytes_.get(), &release_full_bytes, device));
   storage->set_nbytes(full_nbytes_);
   full_allocated_ = true;
   return full_;

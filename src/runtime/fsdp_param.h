@@ -48,8 +48,13 @@ struct ShardMark {
   std::weak_ptr<ProcessGroup> shard_group, replicate_group;
   int replica = 0;
 };
-// The mark of `t`'s storage, or null when no FsdpParam made it.
+// The mark of `t`'s storage (a shard's, or a gathered full tensor's), or null when no FsdpParam
+// made it.
 const ShardMark* shard_mark(const at::Tensor& t);
+
+// The full tensor's storage holds its bytes through this (fsdp_param.cpp): the bytes a gather
+// attached, and the mark, so a parameter tells what it is while gathered too.
+struct FullBytes;
 
 class FsdpParam {
  public:
@@ -58,6 +63,10 @@ class FsdpParam {
   // in forward/backward; `owner` names the unit, for messages.
   FsdpParam(at::Tensor param, const ProcessGroupPtr& shard, const ProcessGroupPtr& replicate,
             at::ScalarType compute_dtype, const std::string& owner);
+  // Releases the full tensor's bytes: autograd's saved views may keep its storage longer.
+  ~FsdpParam();
+  FsdpParam(FsdpParam&&) noexcept;
+  FsdpParam& operator=(FsdpParam&&) = delete;
 
   const at::Tensor& param() const { return param_; }
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
@@ -133,6 +142,7 @@ class FsdpParam {
   at::Tensor shard_;                // [rows, ...] original dtype
   at::Tensor full_;  // full_shape_, compute dtype, storage bytes present only while gathered
   int64_t full_nbytes_;
+  std::unique_ptr<FullBytes> full_bytes_;
   bool full_allocated_ = false;
   bool holds_full_ = false;
   // This backward's full gradient, and the sum of those of backwards without gradient sync.

@@ -91,6 +91,7 @@ bool ParamGroup::reshard_after_forward() const {
 
 void ParamGroup::pre_forward() {
   training_ = TrainingState::kForward;
+  ++forwards_;
   wait_for_unshard();
   if (at::GradMode::is_enabled()) arm_grad_hooks();
 }
@@ -123,23 +124,28 @@ bool ParamGroup::pre_backward() {
   return true;
 }
 
-void ParamGroup::pre_recompute() {
+void ParamGroup::pre_recompute(bool arm_hooks) {
   wait_for_unshard();
-  arm_grad_hooks();
+  if (arm_hooks) arm_grad_hooks();
+}
+
+void ParamGroup::refresh_reduce_layout() {
+  // What is trainable is read at each forward (FSDP2 reads it at each backward): freezing or
+  // unfreezing after fully_shard changes what the reduce-scatter carries. Not while this
+  // group's reduction is in flight (it reads the layout); its post-backward looks again.
+  if (reduction_ && !reduction_->finished()) return;
+  std::vector<bool> trainable;
+  trainable.reserve(params_.size());
+  for (const auto& p : params_) trainable.push_back(p.requires_grad());
+  if (trainable == trainable_) return;
+  trainable_ = std::move(trainable);
+  reduce_layout_ = flat_layout(shapes(), pg_->size(), trainable_);
 }
 
 void ParamGroup::arm_grad_hooks() {
   grads_expected_ = 0;
   if (grads_pass_through()) return;
-  // What is trainable is read at each forward (FSDP2 reads it at each backward): freezing or
-  // unfreezing after fully_shard changes what the reduce-scatter carries.
-  std::vector<bool> trainable;
-  trainable.reserve(params_.size());
-  for (const auto& p : params_) trainable.push_back(p.requires_grad());
-  if (trainable != trainable_ && !(reduction_ && !reduction_->finished())) {
-    trainable_ = std::move(trainable);
-    reduce_layout_ = flat_layout(shapes(), pg_->size(), trainable_);
-  }
+  refresh_reduce_layout();
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     if (!p.requires_grad()) continue;
@@ -162,8 +168,14 @@ bool ParamGroup::take_param_grad(size_t index, const at::Tensor& grad) {
   grad_ready_[index] = true;
   // All gradients present is the end of this unit's backward only when every parameter takes
   // a gradient: a frozen weight may still be read to compute input gradients after that (the
-  // post-backward function on the unit's inputs covers that case).
-  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size()) post_backward();
+  // post-backward function on the unit's inputs covers that case). Nor when gradients arrive
+  // per use and the unit ran more than once: the first recompute's would end it early, and the
+  // other uses' gradients would wait a step (the inputs' function or the end of backward
+  // ends it then).
+  const bool one_delivery = !gradients_per_use_ || forwards_ <= 1;
+  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size() && one_delivery) {
+    post_backward();
+  }
   return true;
 }
 
@@ -186,11 +198,16 @@ void ParamGroup::post_backward() {
   }
   // Full gradients are separate tensors: the full parameters are not needed for the reduction.
   if (reshard_now) reshard();
+  // A reduction of this group still in flight (one unit, and reductions left in flight by
+  // set_is_last_backward(false)) lands first: its gradients and kept shards come first, and
+  // the layout follows a trainable set that changed meanwhile (or a gradient of a parameter
+  // unfrozen then would be dropped).
+  if (reduction_ && !reduction_->finished()) {
+    reduction_->finish();
+    refresh_reduce_layout();
+  }
   // The same on every rank (the graphs are the same): nothing took a gradient.
   if (reduce_layout_.total == 0 || (!any_grad && !if_unused)) return;
-  // A reduction of this group still in flight (one unit, and reductions left in flight by
-  // set_is_last_backward(false)) lands first: its gradients and kept shards come first.
-  if (reduction_) reduction_->finish();
   ReduceSpec spec;
   spec.shard = pg_;
   spec.replicate = replicate_;
@@ -208,6 +225,7 @@ void ParamGroup::finalize_backward() {
   training_ = TrainingState::kIdle;
   grad_ready_.clear();
   grads_seen_ = 0;
+  forwards_ = 0;
 }
 
 void ParamGroup::reset() {
@@ -219,6 +237,7 @@ void ParamGroup::reset() {
   training_ = TrainingState::kIdle;
   grad_ready_.clear();
   grads_seen_ = 0;
+  forwards_ = 0;
 }
 
 bool ParamGroup::params_in_foreign_graph() const {
@@ -242,17 +261,27 @@ void ParamGroup::unshard() {
   ProcessGroup& group = small ? *post_forward_ : *pg_;
   const int64_t per_rank = small ? post_forward_layout_.total : gather_layout_.total;
   auto opts = buffer_options(compute_dtype_);
-  if (small) {
-    gather_.input = std::move(post_forward_shard_);  // written after forward, still counted
-    post_forward_shard_ = at::Tensor();
-  } else {
-    gather_.input = comm_->take_buffer(per_rank, opts);  // copy-in writes every element
-    FSDP_RANGE("fsdp::all_gather_copy_in");
-    all_gather_copy_in(params_, gather_layout_, gather_.input);
+  Gather g;
+  g.small = small;
+  try {
+    if (small) {
+      g.input = post_forward_shard_;  // written after forward, counted since
+    } else {
+      g.input = comm_->take_buffer(per_rank, opts);  // copy-in writes every element
+      FSDP_RANGE("fsdp::all_gather_copy_in");
+      all_gather_copy_in(params_, gather_layout_, g.input);
+    }
+    g.output = comm_->take_buffer(group.size() * per_rank, opts);
+    g.work = group.all_gather(g.output, g.input);
+  } catch (...) {
+    // Nothing was issued: the state stays as it was (a kept post-forward shard stays kept),
+    // and buffers taken go back, so a caller that catches (an out-of-memory) can retry.
+    if (!small) comm_->give_buffer(std::move(g.input));
+    comm_->give_buffer(std::move(g.output));
+    throw;
   }
-  gather_.output = comm_->take_buffer(group.size() * per_rank, opts);
-  gather_.work = group.all_gather(gather_.output, gather_.input);
-  gather_.small = small;
+  if (small) post_forward_shard_ = at::Tensor();  // the gather owns it now
+  gather_ = std::move(g);
 }
 
 void ParamGroup::wait_for_unshard() {

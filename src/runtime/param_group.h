@@ -45,8 +45,7 @@ enum class AfterForward {
   kAsSet,  // free them as reshard_after_forward says (to the smaller group's rows with
            // reshard_after_forward_ranks)
   kFree,   // free them (no backward will follow: grad mode off)
-  kKeep,   // keep them (the backward cannot find the unit through its outputs, or follows
-           // at once: a recompute)
+  kKeep,   // keep them (the backward cannot find the unit through its outputs)
 };
 
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
@@ -68,6 +67,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const CommContext& comm() const { return *comm_; }
   // A unit inside another: reshard_after_forward defaults to true (the root's to false).
   void set_nested() { nested_ = true; }
+  // Activation checkpointing: each forward's gradients reach the accumulators in a backward of
+  // their own (the recompute's), instead of autograd summing every use first.
+  void set_gradients_per_use(bool on) { gradients_per_use_ = on; }
 
   GroupSettings& settings() { return settings_; }
   const GroupSettings& settings() const { return settings_; }
@@ -82,9 +84,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void post_forward(AfterForward what);
   // Once per backward (returns false when this backward already ran it): gathers again.
   bool pre_backward();
-  // Before the recompute of a checkpointed forward (inside the backward, where grad mode is
-  // off until the recompute turns it on): gathers and arms the gradient hooks.
-  void pre_recompute();
+  // A forward run again inside the backward (activation checkpointing's recompute): gathers
+  // and, with `arm_hooks`, arms the gradient hooks, leaving the training state as it is (the
+  // unit's place in this backward: a recompute must not let it run its post-backward twice).
+  void pre_recompute(bool arm_hooks);
   // Once per backward: with gradient sync, reduces the full gradients (one reduction, handed
   // to the CommContext) and frees the parameters (unless reshard_after_backward is off);
   // without, keeps them unsharded (set_requires_gradient_sync(false)). A no-op when the
@@ -137,6 +140,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
     return params_pass_through_ && settings_.gradient_divide_factor == 0;
   }
   void arm_grad_hooks();
+  // Rebuilds the reduce layout when the trainable parameters changed (not while this group's
+  // reduction is in flight).
+  void refresh_reduce_layout();
   void reshard_to_post_forward();
   void release_gather_buffers();
   void attach_full_tensors();
@@ -169,9 +175,13 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   FlatLayout post_forward_layout_;
   at::Tensor post_forward_shard_;
 
-  // This backward: which trainable parameters' gradients arrived, of how many armed.
+  // This backward: which trainable parameters' gradients arrived, of how many armed; and the
+  // forwards since the last backward (with gradients per use, every use's gradients must
+  // arrive before the backward of the unit is over).
   std::vector<bool> grad_ready_;
   size_t grads_seen_ = 0, grads_expected_ = 0;
+  int forwards_ = 0;
+  bool gradients_per_use_ = false;
   // The last reduction issued (finished before the next one starts, and before the reduce
   // layout may change), and reduced shards kept for a later all-reduce across replicas.
   std::shared_ptr<Reduction> reduction_;

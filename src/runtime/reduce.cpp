@@ -126,23 +126,31 @@ Reduction::Reduction(std::vector<FsdpParam*> params, const FlatLayout& layout,
       comm_(std::move(comm)),
       names_(std::move(names)) {}
 
-void Reduction::release_input() {
-  if (!input_.defined()) return;
-  comm_->give_buffer(std::move(input_));
-  input_ = at::Tensor();
+void Reduction::wait_work() {
+  if (auto comm = comm_.lock()) {
+    work_->wait_timed(comm->exposed());
+  } else {
+    work_->wait();
+  }
+}
+
+void Reduction::release(at::Tensor& buffer) {
+  if (!buffer.defined()) return;
+  if (auto comm = comm_.lock()) comm->give_buffer(std::move(buffer));
+  buffer = at::Tensor();
 }
 
 void Reduction::start_all_reduce() {
   if (stage_ != Stage::kReduceScatter || !hybrid()) return;
   {
     FSDP_RANGE(names_->reduce_scatter_wait);
-    work_->wait_timed(comm_->exposed());
+    wait_work();
   }
   // The reduce-scatter's input (world-sized) is spent: back to the pool now, so that the next
   // unit's reduce-scatter reuses it while this all-reduce runs. Resetting the work drops the
   // backend's last reference to it.
   work_.reset();
-  release_input();
+  release(input_);
   stage_ = Stage::kAllReduce;
   if (deferred_ && deferred_->reduced.defined()) {
     // Shards kept by backwards without the all-reduce join this one.
@@ -169,7 +177,7 @@ void Reduction::finish() {
   start_all_reduce();
   if (work_) {  // the all-reduce (hybrid) or the reduce-scatter
     FSDP_RANGE(stage_ == Stage::kAllReduce ? names_->all_reduce_wait : names_->reduce_scatter_wait);
-    work_->wait_timed(comm_->exposed());
+    wait_work();
   }
   work_.reset();  // the backend's last reference to the buffers
   if (hybrid() && !spec_.all_reduce) {
@@ -188,9 +196,8 @@ void Reduction::finish() {
     FSDP_RANGE("fsdp::reduce_scatter_copy_out");
     reduce_scatter_copy_out(params_, layout_, output_, had_grad_);
   }
-  release_input();
-  comm_->give_buffer(std::move(output_));
-  output_ = at::Tensor();
+  release(input_);
+  release(output_);
   stage_ = Stage::kFinished;
 }
 
@@ -204,22 +211,32 @@ std::shared_ptr<Reduction> foreach_reduce(std::vector<FsdpParam>& params, const 
   const auto options = at::TensorOptions().dtype(spec.dtype).device(spec.shard->device());
   // Copy-in writes every element: gradient rows, or zeros for padding and missing gradients.
   at::Tensor input = comm->take_buffer(world * layout.total, options);
+  at::Tensor output;
   std::vector<bool> had_grad;
-  {
-    FSDP_RANGE("fsdp::reduce_scatter_copy_in");
-    had_grad = reduce_scatter_copy_in(params, layout, input, world);
-  }
-  if (spec.zeros_if_unused) {
-    // Ranks may differ in which parameters got a gradient: the reduced rows land in every
-    // parameter of the layout, as FSDP2 gives the unused ones zero gradients before reducing.
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (layout.offset[i] >= 0) had_grad[i] = true;
+  WorkPtr work;
+  try {
+    {
+      FSDP_RANGE("fsdp::reduce_scatter_copy_in");
+      had_grad = reduce_scatter_copy_in(params, layout, input, world);
     }
+    if (spec.zeros_if_unused) {
+      // Ranks may differ in which parameters got a gradient: the reduced rows land in every
+      // parameter of the layout, as FSDP2 gives the unused ones zero gradients before reducing.
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (layout.offset[i] >= 0) had_grad[i] = true;
+      }
+    }
+    output = comm->take_buffer(layout.total, options);
+    // A custom factor divides the sum once at the end; the default averages at each level (the
+    // engines' own average, as FSDP2 does).
+    work = spec.shard->reduce_scatter(output, input, op_of(spec));
+  } catch (...) {
+    // Nothing was issued: the buffers go back, so the counters stay true (an out-of-memory a
+    // caller catches must not leave them inflated).
+    comm->give_buffer(std::move(input));
+    comm->give_buffer(std::move(output));
+    throw;
   }
-  at::Tensor output = comm->take_buffer(layout.total, options);
-  // A custom factor divides the sum once at the end; the default averages at each level (the
-  // engines' own average, as FSDP2 does).
-  WorkPtr work = spec.shard->reduce_scatter(output, input, op_of(spec));
   std::vector<FsdpParam*> targets;
   targets.reserve(params.size());
   for (auto& p : params) targets.push_back(&p);

@@ -64,8 +64,10 @@ class Reduction {
 
  private:
   enum class Stage { kReduceScatter, kAllReduce, kFinished };
-  // The buffers back to the pool, uncounted.
-  void release_input();
+  // Waits for `work_`, timed as exposed communication while the context lives.
+  void wait_work();
+  // A buffer back to the context's pool, uncounted (dropped when the context is gone).
+  void release(at::Tensor& buffer);
 
   std::vector<FsdpParam*> params_;
   FlatLayout layout_;
@@ -75,7 +77,9 @@ class Reduction {
   WorkPtr work_;  // the reduce-scatter, then (hybrid) the all-reduce
   Stage stage_ = Stage::kReduceScatter;
   std::shared_ptr<DeferredReduce> deferred_;
-  std::shared_ptr<CommContext> comm_;
+  // Weak: the context holds the reductions in flight (a strong pointer back would keep both,
+  // the pool and the process groups, alive past the model that owns them).
+  std::weak_ptr<CommContext> comm_;
   std::shared_ptr<const UnitRangeNames> names_;
 };
 

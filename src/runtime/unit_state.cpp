@@ -19,6 +19,7 @@ UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, const Dev
       group_(std::make_shared<ParamGroup>(std::move(params), mesh, options_.mp_policy,
                                           std::move(post_forward), module->name())) {
   group_->settings().reshard_after_forward = options_.reshard_after_forward;
+  group_->set_gradients_per_use(options_.activation_checkpointing);
 }
 
 void UnitState::adopt(const std::shared_ptr<UnitState>& child) {
@@ -45,8 +46,9 @@ void UnitState::pre_forward() {
   Tree& tree = group_->tree();
   if (tree.recompute_depth() > 0) {
     // Inside a checkpointed unit's recompute: gather for the backward that follows; the
-    // forward order (prefetch) belongs to the real forward.
-    group_->pre_forward();
+    // forward order (prefetch) and the unit's place in this backward (its training state)
+    // belong to the real forward and backward.
+    group_->pre_recompute(/*arm_hooks=*/at::GradMode::is_enabled());
     return;
   }
   if (is_root()) {
@@ -112,11 +114,9 @@ bool UnitState::prepare_output(at::Tensor& output) {
 void UnitState::post_forward(bool hooked_outputs) {
   FSDP_RANGE(group_->range_names().post_forward);
   Tree& tree = group_->tree();
-  // In a recompute the backward follows at once: keep the parameters, leave the order alone.
-  if (tree.recompute_depth() > 0) {
-    group_->post_forward(AfterForward::kKeep);
-    return;
-  }
+  // In a recompute the backward follows at once: keep the parameters, leave the order and the
+  // training state alone.
+  if (tree.recompute_depth() > 0) return;
   const bool grad_mode = at::GradMode::is_enabled();
   if (is_root() && grad_mode) check_checkpointed_units_ran(tree);
   post_forward_index_ = tree.record_post_forward(this);
@@ -141,7 +141,7 @@ bool UnitState::checkpoints_forward() const {
 }
 
 void UnitState::begin_recompute() {
-  group_->pre_recompute();
+  group_->pre_recompute(/*arm_hooks=*/true);
   group_->tree().enter_recompute();
 }
 

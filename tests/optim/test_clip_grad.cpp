@@ -77,6 +77,15 @@ TEST(ClipGradErrors, HybridShardsOverTheWorldAreRefused) {
         }
         const double over_mesh = total_grad_norm(params, mesh);
         EXPECT_NEAR(over_mesh, total_grad_norm(root), 1e-12 * over_mesh);
+        // The same while the parameters hold their gathered full tensors (their storage tells
+        // their groups too).
+        root.unshard();
+        for (auto& layer : model->layers) layer.unshard();
+        expect_error_containing<InvalidArgument>(
+            [&] { clip_grad_norm_(root.parameters(), 1e-3, pg); },
+            "sharded over 2 ranks and replicated over 2 (hybrid sharding)");
+        root.reshard();
+        for (auto& layer : model->layers) layer.reshard();
       },
       test_options());
 }

@@ -233,5 +233,60 @@ TEST(Lifecycle, ReductionLeftInFlightLandsBeforeTheNext) {
       test_options());
 }
 
+// A checkpointed root holding the blocks (units inside it), called twice before one backward
+// (two micro-batches summed): each recompute of the root runs the blocks' forwards again inside
+// the backward, which must not make a block that already reduced reduce again. One reduction per
+// unit per backward, and the gradients of the same run without checkpointing.
+TEST(Lifecycle, RecomputeDoesNotRepeatANestedUnitsBackward) {
+  EdgeSpec spec;
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        std::vector<at::Tensor> grads[2];
+        for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+          EdgeSpec s = spec;
+          s.options.activation_checkpointing = checkpointed == 1;
+          auto net = build_edge_net(s, nullptr);
+          auto root = shard_edge_net(net, flat_mesh(pg), s);
+          pg->reset_stats();
+          auto loss = loss_of(logits_on(root, s, pg, 0), s, pg, 0) +
+                      loss_of(logits_on(root, s, pg, 1), s, pg, 1);
+          loss.backward();
+          EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), s.blocks + 1)
+              << (checkpointed ? "checkpointed" : "plain");
+          for (auto& b : net->blocks) {
+            EXPECT_EQ(b.training_state(), TrainingState::kIdle);
+          }
+          for (const auto& p : net->parameters()) grads[checkpointed].push_back(p.grad().clone());
+        }
+        for (size_t i = 0; i < grads[0].size(); ++i) {
+          EXPECT_TRUE(at::allclose(grads[1][i], grads[0][i], 1e-5, 1e-7)) << i;
+        }
+      },
+      test_options());
+}
+
+// A model destroyed while its reduction is still in flight (set_is_last_backward(false)) frees
+// everything it held: its communication buffers and the process group it reduced over (the
+// communicator must not outlive the model).
+TEST(Lifecycle, AModelDestroyedMidReductionReleasesItsGroup) {
+  EdgeSpec spec;
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        const auto before = pg.use_count();
+        {
+          auto net = build_edge_net(spec, nullptr);
+          auto root = shard_edge_net(net, flat_mesh(pg), spec);
+          root.set_is_last_backward(false);
+          loss_of(logits_on(root, spec, pg, 0), spec, pg, 0).backward();
+          EXPECT_GT(root.memory_stats().tree.comm_buffer_bytes, 0) << "a reduction in flight";
+        }
+        pg->barrier()->wait();  // the other rank's reduction is done with this rank's data
+        EXPECT_EQ(pg.use_count(), before);
+      },
+      test_options());
+}
+
 }  // namespace
 }  // namespace fsdp::testing

@@ -49,8 +49,10 @@ NamedShards parameter_shards(const torch::nn::Module& model);
 // rows describe its gradient.
 NamedShards parameter_gradient_shards(const torch::nn::Module& model);
 
-// What `param` is a shard of, read from the tensor itself (the marked storage of its shard):
-// nullopt when no fully_shard unit shards it, or when its unit holds it gathered now.
+// What `param` is a shard of, read from the tensor itself (its storage is marked, whether it
+// holds its shard or, gathered, the full tensor): the global shape, this rank's row offset and
+// the groups. nullopt when no fully_shard unit shards it. `local` is `param` as it is: while
+// gathered it holds the full tensor, so rows() is not this rank's then.
 std::optional<ShardedTensor> shard_of(const at::Tensor& param);
 
 }  // namespace fsdp
