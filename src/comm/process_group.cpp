@@ -43,6 +43,16 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return a0 < b1 && b0 < a1;
 }
 
+// The result of a collective a one-rank group did itself: nothing left to wait for (on CUDA
+// the copy is queued on the caller's stream, which is what wait() orders after).
+class CompletedWork final : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait() override {}
+};
+
+WorkPtr completed() { return std::make_shared<CompletedWork>(); }
+
 bool desync_env() {
   const char* v = std::getenv("FSDP_DEBUG_DESYNC");
   return v != nullptr && *v != '\0' && std::string(v) != "0";
@@ -121,6 +131,11 @@ WorkPtr ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& inp
   FSDP_CHECK_ARG(!overlaps(output, input), "all_gather: output and input must not overlap");
   check_in_sync(CollectiveKind::kAllGather, input.numel(), input.scalar_type(), -1);
   count(CollectiveKind::kAllGather, input);
+  if (answers_locally()) {
+    at::NoGradGuard no_grad;
+    output.copy_(input);
+    return completed();
+  }
   return do_all_gather(output, input);
 }
 
@@ -144,6 +159,11 @@ WorkPtr ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor&
   check_in_sync(CollectiveKind::kReduceScatter, input.numel(), input.scalar_type(),
                 static_cast<int64_t>(op));
   count(CollectiveKind::kReduceScatter, input);
+  if (answers_locally()) {
+    at::NoGradGuard no_grad;
+    output.copy_(input);  // the sum, or the average, of one
+    return completed();
+  }
   return do_reduce_scatter(output, input, op);
 }
 
@@ -155,6 +175,7 @@ WorkPtr ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   check_in_sync(CollectiveKind::kAllReduce, tensor.numel(), tensor.scalar_type(),
                 static_cast<int64_t>(op));
   count(CollectiveKind::kAllReduce, tensor);
+  if (answers_locally()) return completed();
   return do_all_reduce(tensor, op);
 }
 
@@ -164,12 +185,14 @@ WorkPtr ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
                  root);
   check_in_sync(CollectiveKind::kBroadcast, tensor.numel(), tensor.scalar_type(), root);
   count(CollectiveKind::kBroadcast, tensor);
+  if (answers_locally()) return completed();
   return do_broadcast(tensor, root);
 }
 
 WorkPtr ProcessGroup::barrier() {
   check_in_sync(CollectiveKind::kBarrier, 0, at::kByte, -1);
   count(CollectiveKind::kBarrier, at::Tensor());
+  if (answers_locally()) return completed();
   return do_barrier();
 }
 

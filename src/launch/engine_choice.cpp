@@ -20,18 +20,39 @@ bool is_cpu_engine(Backend b) {
   return b == Backend::kMpi || b == Backend::kGloo || b == Backend::kLocal;
 }
 
-// The rank's GPU: cuda:LOCAL_RANK, one rank per GPU.
-c10::Device rank_gpu(const LaunchInfo& launch, int gpus, const std::string& why) {
+// The rank's GPU: cuda:LOCAL_RANK, one rank per GPU; or cuda:0 when the process was given one
+// GPU of its own (Slurm's --gpus-per-task=1, a Kubernetes device plugin: exactly one visible,
+// selected by CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES), whatever its LOCAL_RANK is.
+c10::Device rank_gpu(const LaunchInfo& launch, int gpus, const std::string& why,
+                     const EnvLookup& getenv) {
   if (gpus <= 0) {
     throw LaunchError(fmt::format("{}, but libtorch sees no CUDA device", why));
   }
+  const bool own_gpu = gpus == 1 && (getenv_or_null(getenv, "CUDA_VISIBLE_DEVICES") ||
+                                     getenv_or_null(getenv, "NVIDIA_VISIBLE_DEVICES"));
+  if (own_gpu) return c10::Device(c10::kCUDA, 0);
   if (launch.local_rank >= gpus) {
     throw LaunchError(fmt::format(
         "local rank {} has no GPU: this node has {} visible (one rank per GPU; start at most {} "
-        "ranks per node, or run on the CPU with FSDP_BACKEND=gloo|mpi or FSDP_DEVICE=cpu)",
+        "ranks per node, give each process its own GPU with CUDA_VISIBLE_DEVICES, or run on the "
+        "CPU with FSDP_BACKEND=gloo|mpi or FSDP_DEVICE=cpu)",
         launch.local_rank, gpus, gpus));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(launch.local_rank));
+}
+
+// FSDP_REQUIRE_GPU=1 (the GPU check sets it): a run that would fall back to the CPU fails
+// instead, naming why, so that a machine whose libtorch cannot reach its GPU is not measured as
+// a CPU run.
+void check_gpu_required(const EngineChoice& choice, int gpus, const EnvLookup& getenv) {
+  const char* v = getenv_or_null(getenv, "FSDP_REQUIRE_GPU");
+  if (!v || std::string(v) == "0" || choice.device.is_cuda()) return;
+  const std::string why =
+      gpus <= 0 ? "libtorch sees no CUDA device (a CPU-only libtorch, libtorch_cuda not loaded "
+                  "by the program, or a driver older than the wheel needs)"
+                : fmt::format("backend '{}' runs on the CPU (FSDP_BACKEND or FSDP_DEVICE chose it)",
+                              backend_name(choice.backend));
+  throw LaunchError(fmt::format("FSDP_REQUIRE_GPU={} but this run would use the CPU: {}", v, why));
 }
 
 Backend auto_backend(const LaunchInfo& launch, const c10::Device& device) {
@@ -118,13 +139,13 @@ EngineChoice choose_engine(const LaunchInfo& launch, const InitOptions& options,
     if (device == DeviceChoice::kCpu) {
       throw LaunchError("backend 'nccl' needs a CUDA device, and this process runs on cpu");
     }
-    out.device = rank_gpu(launch, visible_gpus, "backend 'nccl' needs a CUDA device");
+    out.device = rank_gpu(launch, visible_gpus, "backend 'nccl' needs a CUDA device", getenv);
   } else if (backend) {
     throw LaunchError(fmt::format("backend '{}' cannot be launched", backend_name(*backend)));
   } else if (device == DeviceChoice::kCpu || (device == DeviceChoice::kAuto && visible_gpus <= 0)) {
     out.device = c10::Device(c10::kCPU);
   } else {
-    out.device = rank_gpu(launch, visible_gpus, "device 'cuda' was requested");
+    out.device = rank_gpu(launch, visible_gpus, "device 'cuda' was requested", getenv);
   }
   out.backend = backend ? *backend : auto_backend(launch, out.device);
   if (out.backend == Backend::kLocal && launch.world_size != 1) {
@@ -133,6 +154,7 @@ EngineChoice choose_engine(const LaunchInfo& launch, const InitOptions& options,
                     "WORLD_SIZE={}",
                     launch.world_size));
   }
+  check_gpu_required(out, visible_gpus, getenv);
   return out;
 }
 

@@ -17,11 +17,17 @@
 
 int main() {
   if (!at::hasCUDA() || at::getNumGPUs() == 0) {
+    const char* required = std::getenv("FSDP_REQUIRE_GPU");
+    if (required && *required && std::string(required) != "0") {
+      std::cout << "FSDP_REQUIRE_GPU=1: no CUDA device visible to libtorch\n";
+      return 1;
+    }
     std::cout << "no CUDA device visible to libtorch: skipped\n";
     return 77;
   }
   auto opts = at::TensorOptions().device(at::kCUDA, 0);
   auto pg = fsdp::make_nccl_group(0, 1, 0, fsdp::make_nccl_unique_id(), std::chrono::seconds(30));
+  pg->set_one_rank_through_engine(true);  // the fault must meet NCCL's watchdog
   auto t = at::ones({1 << 22}, opts);
   pg->all_reduce(t, fsdp::ReduceOp::kSum)->wait();  // a healthy one first
   auto work = pg->all_reduce(t, fsdp::ReduceOp::kSum);

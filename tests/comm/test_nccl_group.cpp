@@ -14,14 +14,20 @@
 #include "fsdp/comm/wait_clock.h"
 #include "fsdp/errors.h"
 #include "fsdp/launch/launch.h"
+#include "support/gpu.h"
 
 namespace fsdp {
 namespace {
 
-bool have_gpu() { return at::hasCUDA() && at::getNumGPUs() > 0; }
+#define SKIP_WITHOUT_GPU() FSDP_SKIP_WITHOUT_GPU()
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible to libtorch"
+// A one-rank NCCL group whose collectives reach NCCL (the engine under test here), as a group
+// of several ranks' would; FSDP's one-rank groups answer locally (OneRankAnswersLocally).
+ProcessGroupPtr engine_group(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id(), timeout);
+  pg->set_one_rank_through_engine(true);
+  return pg;
+}
 
 at::TensorOptions cuda(at::ScalarType dtype = at::kFloat) {
   return at::TensorOptions().device(at::kCUDA, 0).dtype(dtype);
@@ -29,7 +35,7 @@ at::TensorOptions cuda(at::ScalarType dtype = at::kFloat) {
 
 TEST(NcclGroup, WorldOfOneOnCuda) {
   SKIP_WITHOUT_GPU();
-  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto pg = engine_group();
   EXPECT_EQ(pg->device(), at::Device(at::kCUDA, 0));
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     auto in = at::arange(7, cuda(dtype));
@@ -49,14 +55,14 @@ TEST(NcclGroup, WorldOfOneOnCuda) {
 
 TEST(NcclGroup, RejectsCpuTensors) {
   SKIP_WITHOUT_GPU();
-  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto pg = engine_group();
   EXPECT_THROW(pg->all_reduce(at::ones({2}), ReduceOp::kSum), Error);
 }
 
 // Item 7: a bf16 reduction moves bf16 (what the counters count), in the dtype asked.
 TEST(NcclGroup, Bf16ReducesInBf16) {
   SKIP_WITHOUT_GPU();
-  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto pg = engine_group();
   auto in = at::full({1024}, 1.5, cuda(at::kBFloat16));
   auto out = at::empty({1024}, cuda(at::kBFloat16));
   pg->reduce_scatter(out, in, ReduceOp::kAvg)->wait();
@@ -68,7 +74,7 @@ TEST(NcclGroup, Bf16ReducesInBf16) {
 // when its watchdog sees the collective finish; a wait on another stream keeps them.
 TEST(NcclGroup, WaitOnIssuingStreamReleasesTheTensors) {
   SKIP_WITHOUT_GPU();
-  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto pg = engine_group();
   auto in = at::ones({1 << 20}, cuda());
   auto out = at::empty({1 << 20}, cuda());
   auto work = pg->all_gather(out, in);
@@ -94,7 +100,7 @@ TEST(NcclGroup, WaitOnIssuingStreamReleasesTheTensors) {
 TEST(NcclGroup, TimedWaitMeasuresTheStreamStall) {
   SKIP_WITHOUT_GPU();
   setenv("FSDP_DEBUG_COMM_DELAY_MS", "50", 1);
-  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto pg = engine_group();
   unsetenv("FSDP_DEBUG_COMM_DELAY_MS");
   auto in = at::ones({1024}, cuda());
   auto out = at::empty({1024}, cuda());
@@ -117,6 +123,46 @@ TEST(NcclGroup, InitWithoutThePeerTimesOut) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("did not join"), std::string::npos) << e.what();
   }
+}
+
+// Issue 31, item 1: a one-rank group never calls NCCL (ncclAvg on one rank left the last
+// elements unprocessed, NVIDIA/nccl issue 1950): odd sizes average to themselves exactly, and
+// the collective is complete at once.
+TEST(NcclGroup, OneRankAnswersLocally) {
+  SKIP_WITHOUT_GPU();
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  for (int64_t n : {1, 7, 1023, (1 << 20) + 5}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      auto in = at::randn({n}, cuda(dtype));
+      auto out = at::full({n}, -1.0, cuda(dtype));
+      auto work = pg->reduce_scatter(out, in, ReduceOp::kAvg);
+      EXPECT_TRUE(work->is_completed());
+      work->wait();
+      EXPECT_TRUE(at::equal(out.cpu(), in.cpu())) << n;
+    }
+  }
+}
+
+// Issue 31, item 7: a collective issued while the current stream is captured into a CUDA graph
+// is refused by name (a captured collective would replay without its event and watchdog).
+TEST(NcclGroup, RefusesStreamCapture) {
+  SKIP_WITHOUT_GPU();
+  auto pg = engine_group();
+  auto t = at::ones({16}, cuda());
+  c10::cuda::device_synchronize();
+  auto side = c10::cuda::getStreamFromPool();
+  c10::cuda::CUDAStreamGuard guard(side);
+  ASSERT_EQ(cudaStreamBeginCapture(side.stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  try {
+    pg->all_reduce(t, ReduceOp::kSum);
+    ADD_FAILURE() << "a captured all_reduce was accepted";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("captured into a CUDA graph"), std::string::npos)
+        << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(side.stream(), &graph);
+  if (graph) cudaGraphDestroy(graph);
 }
 
 // Item 1: init_from_env makes the rank's GPU the current device.

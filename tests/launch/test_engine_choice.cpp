@@ -145,5 +145,37 @@ TEST(EngineChoice, NamesParseBack) {
   EXPECT_STREQ(launcher_name(Launcher::kSingle), "single");
 }
 
+// One GPU per process (Slurm's --gpus-per-task=1, Kubernetes): every rank sees exactly one,
+// selected for it, and computes on cuda:0 whatever its LOCAL_RANK. Without the selection a
+// second local rank on a one-GPU machine is still a mistake, named.
+TEST(EngineChoice, OneGpuPerProcessIsCudaZero) {
+  for (const char* var : {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}) {
+    for (int local_rank : {0, 1, 3}) {
+      auto e = choose(torchrun(local_rank, 4, local_rank), /*gpus=*/1, {{var, "2"}});
+      EXPECT_EQ(e.backend, Backend::kNccl);
+      EXPECT_EQ(e.device, c10::Device(c10::kCUDA, 0)) << var << " local rank " << local_rank;
+    }
+  }
+  // Two visible: the selection does not change which of them the rank takes.
+  EXPECT_EQ(choose(torchrun(1, 2, 1), 2, {{"CUDA_VISIBLE_DEVICES", "4,5"}}).device,
+            c10::Device(c10::kCUDA, 1));
+  expect_error(torchrun(1, 2, 1), 1, {}, {}, "give each process its own GPU with");
+}
+
+// FSDP_REQUIRE_GPU=1: a run that would fall back to the CPU fails, naming why.
+TEST(EngineChoice, RequiredGpuRefusesTheCpu) {
+  const Vars require{{"FSDP_REQUIRE_GPU", "1"}};
+  EXPECT_EQ(choose(torchrun(1, 2, 1), 2, require).device, c10::Device(c10::kCUDA, 1));
+  expect_error(torchrun(0, 2, 0), 0, require, {},
+               "FSDP_REQUIRE_GPU=1 but this run would use the "
+               "CPU: libtorch sees no CUDA device");
+  expect_error(LaunchInfo{}, 0, require, {}, "libtorch_cuda not loaded");
+  Vars gloo = require;
+  gloo["FSDP_BACKEND"] = "gloo";
+  expect_error(torchrun(0, 2, 0), 2, gloo, {}, "backend 'gloo' runs on the CPU");
+  // Off (unset or 0): the CPU as before.
+  EXPECT_EQ(choose(LaunchInfo{}, 0, {{"FSDP_REQUIRE_GPU", "0"}}).device, c10::Device(c10::kCPU));
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -14,15 +14,15 @@
 namespace fsdp::testing {
 namespace {
 
-at::Tensor logits_on(Unit<EdgeNet>& root, const EdgeSpec& spec, const ProcessGroupPtr& pg,
-                     int step) {
+at::Tensor edge_logits(Unit<EdgeNet>& root, const EdgeSpec& spec, const ProcessGroupPtr& pg,
+                       int step) {
   auto [x, y] = edge_batch(spec, step);
   const int64_t local = spec.batch / pg->size();
   return root(rank_slice(x, pg, local));
 }
 
-at::Tensor loss_of(const at::Tensor& logits, const EdgeSpec& spec, const ProcessGroupPtr& pg,
-                   int step) {
+at::Tensor edge_loss(const at::Tensor& logits, const EdgeSpec& spec, const ProcessGroupPtr& pg,
+                     int step) {
   auto [x, y] = edge_batch(spec, step);
   const int64_t local = spec.batch / pg->size();
   return torch::nn::functional::cross_entropy(logits, rank_slice(y, pg, local));
@@ -61,7 +61,7 @@ TEST(Lifecycle, StatesThroughOneStep) {
           in_block.push_back(seen(net->blocks[i]));
           root_in_block.push_back(seen(root));
         };
-        auto logits = logits_on(root, spec, pg, 0);
+        auto logits = edge_logits(root, spec, pg, 0);
         ASSERT_EQ(in_block.size(), static_cast<size_t>(spec.blocks));
         for (size_t i = 0; i < in_block.size(); ++i) {
           EXPECT_EQ(in_block[i].training, TrainingState::kForward) << "block " << i;
@@ -80,7 +80,7 @@ TEST(Lifecycle, StatesThroughOneStep) {
           first_block_in_backward.push_back(seen(net->blocks[0]));
           return g;
         });
-        loss_of(logits, spec, pg, 0).backward();
+        edge_loss(logits, spec, pg, 0).backward();
         ASSERT_EQ(root_in_backward.size(), 1u);
         EXPECT_EQ(root_in_backward[0].training, TrainingState::kPreBackward);
         EXPECT_EQ(root_in_backward[0].sharded, ShardedState::kUnsharded);
@@ -115,14 +115,14 @@ TEST(Lifecycle, ReshardSwitchesAsStates) {
             for (auto& b : net->blocks) b.set_reshard_after_forward(false, /*recurse=*/false);
           }
           if (variant == 1) root.set_reshard_after_backward(false);
-          auto logits = logits_on(root, spec, pg, 0);
+          auto logits = edge_logits(root, spec, pg, 0);
           const ShardedState after_forward[] = {ShardedState::kUnsharded, ShardedState::kSharded,
                                                 ShardedState::kShardedPostForward};
           for (auto& b : net->blocks) {
             expect_state(b, TrainingState::kIdle, after_forward[variant],
                          "after forward, variant " + std::to_string(variant));
           }
-          loss_of(logits, spec, pg, 0).backward();
+          edge_loss(logits, spec, pg, 0).backward();
           const ShardedState after_backward =
               variant == 1 ? ShardedState::kUnsharded : ShardedState::kSharded;
           for (auto& b : net->blocks) {
@@ -145,7 +145,7 @@ TEST(Lifecycle, SwitchesRefusedWhileABackwardRuns) {
       [&](const ProcessGroupPtr& pg) {
         auto net = build_edge_net(spec, nullptr);
         auto root = shard_edge_net(net, flat_mesh(pg), spec);
-        auto logits = logits_on(root, spec, pg, 0);
+        auto logits = edge_logits(root, spec, pg, 0);
         std::vector<std::string> errors;
         logits.register_hook([&](const at::Tensor& g) {
           const std::vector<std::function<void()>> switches = {
@@ -165,14 +165,14 @@ TEST(Lifecycle, SwitchesRefusedWhileABackwardRuns) {
           return g;
         });
         pg->reset_stats();
-        loss_of(logits, spec, pg, 0).backward();
+        edge_loss(logits, spec, pg, 0).backward();
         ASSERT_EQ(errors.size(), 5u);
         for (const auto& e : errors) {
           EXPECT_NE(e.find("while a backward of its tree is running"), std::string::npos) << e;
         }
         // Nothing changed: every unit reduced, and the blocks free after forward as before.
         EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), spec.blocks + 1);
-        logits_on(root, spec, pg, 1);
+        edge_logits(root, spec, pg, 1);
         for (auto& b : net->blocks) {
           EXPECT_EQ(b.sharded_state(), ShardedState::kSharded);
         }
@@ -196,7 +196,7 @@ TEST(Lifecycle, GradientDivideFactorAtWorldOne) {
             root.set_gradient_divide_factor(4);
           }
           for (int step = 0; step < 2; ++step) {  // accumulated over two backwards
-            loss_of(logits_on(root, spec, pg, step), spec, pg, step).backward();
+            edge_loss(edge_logits(root, spec, pg, step), spec, pg, step).backward();
           }
           for (const auto& p : net->parameters()) grads[variant].push_back(p.grad().clone());
         }
@@ -221,9 +221,9 @@ TEST(Lifecycle, ReductionLeftInFlightLandsBeforeTheNext) {
           auto net = build_edge_net(spec, nullptr);
           auto root = fully_shard(net, flat_mesh(pg), spec.options);  // the only unit
           root.set_is_last_backward(variant == 0);
-          loss_of(logits_on(root, spec, pg, 0), spec, pg, 0).backward();
+          edge_loss(edge_logits(root, spec, pg, 0), spec, pg, 0).backward();
           root.set_is_last_backward(true);
-          loss_of(logits_on(root, spec, pg, 1), spec, pg, 1).backward();
+          edge_loss(edge_logits(root, spec, pg, 1), spec, pg, 1).backward();
           for (const auto& p : net->parameters()) grads[variant].push_back(p.grad().clone());
         }
         for (size_t i = 0; i < grads[0].size(); ++i) {
@@ -249,8 +249,8 @@ TEST(Lifecycle, RecomputeDoesNotRepeatANestedUnitsBackward) {
           auto net = build_edge_net(s, nullptr);
           auto root = shard_edge_net(net, flat_mesh(pg), s);
           pg->reset_stats();
-          auto loss = loss_of(logits_on(root, s, pg, 0), s, pg, 0) +
-                      loss_of(logits_on(root, s, pg, 1), s, pg, 1);
+          auto loss = edge_loss(edge_logits(root, s, pg, 0), s, pg, 0) +
+                      edge_loss(edge_logits(root, s, pg, 1), s, pg, 1);
           loss.backward();
           EXPECT_EQ(pg->stats().count(CollectiveKind::kReduceScatter), s.blocks + 1)
               << (checkpointed ? "checkpointed" : "plain");
@@ -279,7 +279,7 @@ TEST(Lifecycle, AModelDestroyedMidReductionReleasesItsGroup) {
           auto net = build_edge_net(spec, nullptr);
           auto root = shard_edge_net(net, flat_mesh(pg), spec);
           root.set_is_last_backward(false);
-          loss_of(logits_on(root, spec, pg, 0), spec, pg, 0).backward();
+          edge_loss(edge_logits(root, spec, pg, 0), spec, pg, 0).backward();
           EXPECT_GT(root.memory_stats().tree.comm_buffer_bytes, 0) << "a reduction in flight";
         }
         pg->barrier()->wait();  // the other rank's reduction is done with this rank's data

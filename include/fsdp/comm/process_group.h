@@ -68,6 +68,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // The device of this group's tensors: its type, and for NCCL the rank's GPU.
   virtual at::Device device() const { return at::Device(device_type()); }
 
+  // Every collective is validated and counted here. A group of one rank never calls its
+  // engine: the result is a local copy (on CUDA, on the caller's current stream) and the Work
+  // is complete at once. (NCCL's ncclAvg on one rank left the last elements unprocessed in
+  // 2.27 to 2.29.6, NVIDIA/nccl issue 1950; FSDP2 and c10d avoid NCCL there too.) Tests of an
+  // engine itself on one device turn that off (set_one_rank_through_engine).
+
   // output.numel() == size() * input.numel(); rank r's input lands in
   // output[r * input.numel(), (r + 1) * input.numel()). output must not overlap input.
   WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input);
@@ -88,6 +94,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // group, ordered by their rank here. Used for hybrid sharding (shard and replicate groups).
   std::shared_ptr<ProcessGroup> split(int color);
 
+  // For tests of an engine itself (one GPU: its watchdog, streams, fault reports): one-rank
+  // collectives reach the engine instead of being answered locally. Off by default.
+  void set_one_rank_through_engine(bool on) { one_rank_through_engine_ = on; }
+
   const CollectiveStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CollectiveStats{}; }
 
@@ -103,6 +113,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   bool desync_check() const { return desync_check_; }
 
  protected:
+  bool answers_locally() const { return size_ == 1 && !one_rank_through_engine_; }
   // Backends implement these; arguments are already validated. The defaults throw
   // UnsupportedError("backend X does not support Y").
   virtual WorkPtr do_all_gather(const at::Tensor& output, const at::Tensor& input);
@@ -127,6 +138,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   int rank_;
   int size_;
   CollectiveStats stats_;
+  bool one_rank_through_engine_ = false;
   int64_t issued_ = 0;  // collectives issued through the public calls: the desync sequence
   bool desync_check_;
 };

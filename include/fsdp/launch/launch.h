@@ -116,9 +116,12 @@ struct EngineChoice {
 
 // The rules of InitOptions, from `launch`, the number of GPUs libtorch sees and the variables
 // FSDP_BACKEND and FSDP_DEVICE (read through `getenv`, std::getenv by default; an option that
-// is not auto wins over its variable). Throws LaunchError for an impossible choice: NCCL
+// is not auto wins over its variable). A rank computes on cuda:LOCAL_RANK, or on cuda:0 when
+// it sees exactly one GPU selected for it (CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES set:
+// Slurm's --gpus-per-task=1, Kubernetes). Throws LaunchError for an impossible choice: NCCL
 // without a GPU or on the CPU, a CPU engine on CUDA, a local rank without its GPU, the "local"
-// engine in a launch of several processes, a malformed variable.
+// engine in a launch of several processes, a malformed variable; and, with FSDP_REQUIRE_GPU=1,
+// any choice of the CPU (naming why: no CUDA device visible to libtorch, or a CPU engine).
 EngineChoice choose_engine(const LaunchInfo& launch, const InitOptions& options, int visible_gpus,
                            const EnvLookup& getenv = nullptr);
 

@@ -19,6 +19,7 @@
 #include "fsdp/comm/backends.h"
 #include "fsdp/errors.h"
 #include "util/check.h"
+#include "util/poll.h"
 #include "util/profiler_range.h"
 
 namespace fsdp {
@@ -79,7 +80,13 @@ class NcclProcessGroup final : public ProcessGroup {
         comm_(std::move(comm)),
         delay_ms_(debug_delay_ms()) {
     CudaDeviceGuard guard(device_);
-    FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "init", rank, size);
+    // The highest priority, as FSDP2's all-gather and reduce-scatter streams: a collective
+    // ready to run goes ahead of queued compute kernels, so that it is done when the compute
+    // waits for it.
+    int least = 0, greatest = 0;
+    FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "init", rank, size);
+    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), "init",
+                    rank, size);
     if (comm_->timeout().count() > 0) watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -91,9 +98,23 @@ class NcclProcessGroup final : public ProcessGroup {
     watchdog_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     CudaDeviceGuard guard(device_);
-    cudaStreamSynchronize(stream_);
+    // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
+    // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
+    // return) and wait once more; a stream that still does not drain is left alone (leaked)
+    // rather than destroyed under running work.
+    const auto drained = [this] { return cudaStreamQuery(stream_) != cudaErrorNotReady; };
+    bool idle = detail::wait_until(drained, comm_->timeout());
+    if (!idle) {
+      const std::string cause = fmt::format(
+          "the group was destroyed with a collective still running after {} ms (the timeout): "
+          "a peer died or stopped; the communicator was aborted",
+          comm_->timeout().count());
+      std::fprintf(stderr, "[nccl rank %d/%d] fsdp: %s\n", rank(), size(), cause.c_str());
+      comm_->abort(cause);
+      idle = detail::wait_until(drained, comm_->timeout());
+    }
     inflight_.clear();
-    cudaStreamDestroy(stream_);
+    if (idle) cudaStreamDestroy(stream_);
     // comm_ goes with the last Work that holds it.
   }
 
@@ -170,6 +191,18 @@ class NcclProcessGroup final : public ProcessGroup {
     if (comm_->aborted()) comm_->check(op);  // throws with the abort's cause
     CudaDeviceGuard guard(device_);
     cudaStream_t caller = detail::current_cuda_stream(device_);
+    // CUDA graphs: a collective captured into a graph would replay without its event, its
+    // watchdog or its tensors' lifetimes, and the watchdog's event queries from another thread
+    // invalidate a capture in the global mode: refused, before anything is queued.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FSDP_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture), op, rank(), size());
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw UnsupportedError(fmt::format(
+          "[nccl rank {}/{}] {}: the current stream is being captured into a CUDA graph; "
+          "fsdp's NCCL collectives cannot be captured (run FSDP's forward and backward outside "
+          "the capture, and capture only compute in the thread-local mode)",
+          rank(), size(), op));
+    }
     cudaEvent_t ready = nullptr, done = nullptr;
     FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), op, rank(), size());
     FSDP_CUDA_CHECK(cudaEventRecord(ready, caller), op, rank(), size());
