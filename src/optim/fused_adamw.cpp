@@ -21,8 +21,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   }
   using Key = std::tuple<int, int, int>;  // device type, device index, dtype
   struct Lists {
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
     std::vector<torch::optim::AdamWParamState*> states;
+    // State offload: the device parameters the host copies in `params` are written back to.
+    std::vector<std::pair<at::Tensor, at::Tensor>> write_back;
   };
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -33,25 +35,38 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       FSDP_CHECK_ARG(!p.grad().is_sparse(), "FusedAdamW: sparse gradients are not supported");
       auto& slot = state_[p.unsafeGetTensorImpl()];
       if (!slot) {
-        // The state torch::optim::AdamW would create, so the two stay interchangeable.
+        // The state torch::optim::AdamW would create, so the two stay interchangeable; with
+        // state offload, in host memory.
+        auto zeros = [&] {
+          return offload_state_
+                     ? torch::zeros(p.sizes(), p.options().device(at::kCPU).pinned_memory(
+                                                   pin_memory_ && !p.is_cpu()))
+                     : torch::zeros_like(p, at::MemoryFormat::Preserve);
+        };
         auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        s->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
-        if (o.amsgrad()) s->max_exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        s->exp_avg(zeros());
+        s->exp_avg_sq(zeros());
+        if (o.amsgrad()) s->max_exp_avg_sq(zeros());
         slot = std::move(s);
       }
       auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
-      auto& b = buckets[Key{static_cast<int>(p.device().type()), p.device().index(),
-                            static_cast<int>(p.scalar_type())}];
-      b.params.push_back(p);
-      b.grads.push_back(p.grad());
+      // Where the update runs: where the state is. Offloaded state steps on host copies of the
+      // parameter and gradient, written back after (copies even for a parameter on the host, so
+      // a machine without a GPU runs the same path).
+      at::Tensor param = p, grad = p.grad();
+      if (offload_state_ || s.exp_avg().device() != p.device()) {
+        const auto where = s.exp_avg().device();
+        param = p.to(where, /*non_blocking=*/false, /*copy=*/true);
+        grad = grad.to(where, /*non_blocking=*/false, /*copy=*/true);
+      }
+      auto& b = buckets[Key{static_cast<int>(param.device().type()), param.device().index(),
+                            static_cast<int>(param.scalar_type())}];
+      if (!param.is_same(p)) b.write_back.emplace_back(p, param);
+      b.params.push_back(param);
+      b.grads.push_back(grad);
       b.exp_avgs.push_back(s.exp_avg());
       b.exp_avg_sqs.push_back(s.exp_avg_sq());
       if (o.amsgrad()) b.max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
-      // The kernel reads the step count, already advanced, from a float tensor (as
-      // torch.optim's _fused_adamw does); the state keeps libtorch's integer count.
-      b.steps.push_back(torch::full({}, static_cast<double>(s.step() + 1),
-                                    torch::dtype(torch::kFloat).device(p.device())));
       b.states.push_back(&s);
     }
     for (auto& [key, b] : buckets) {
@@ -60,10 +75,26 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       int64_t bytes = 0;
       for (const auto& p : b.params) bytes += 7 * static_cast<int64_t>(p.nbytes());
       FSDP_RANGE_BYTES("fsdp::optimizer::adamw", bytes);
-      at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
+      // The kernel reads each parameter's step count, already advanced, from a float tensor
+      // (as torch.optim's _fused_adamw does; the state keeps libtorch's integer count). The
+      // kernel only reads it: parameters at the same count (all of them, in a normal run)
+      // share one tensor, so a step makes one per count, not one per parameter.
+      std::map<int64_t, at::Tensor> step_tensors;
+      std::vector<at::Tensor> steps;
+      steps.reserve(b.states.size());
+      for (auto* s : b.states) {
+        auto& t = step_tensors[s->step() + 1];
+        if (!t.defined()) {
+          t = torch::full({}, static_cast<double>(s->step() + 1),
+                          torch::dtype(torch::kFloat).device(b.params.front().device()));
+        }
+        steps.push_back(t);
+      }
+      at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, steps,
                         o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
                         o.eps(), o.amsgrad(), /*maximize=*/false);
       for (auto* s : b.states) s->step(s->step() + 1);
+      for (auto& [device_param, host_param] : b.write_back) device_param.copy_(host_param);
     }
   }
   return loss;

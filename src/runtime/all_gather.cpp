@@ -8,7 +8,7 @@ namespace fsdp::detail {
 // and rank; on the CPU they loop over the same copies, so the bytes are the same.
 
 void all_gather_copy_in(const std::vector<FsdpParam>& params, const FlatLayout& layout,
-                        const at::Tensor& send) {
+                        const at::Tensor& send, bool non_blocking) {
   std::vector<at::Tensor> dst, src, padding;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& shard = params[i].shard();
@@ -22,7 +22,7 @@ void all_gather_copy_in(const std::vector<FsdpParam>& params, const FlatLayout& 
     if (n < padded) padding.push_back(slot.narrow(0, n, padded - n));
   }
   // Casts to the buffer's (compute) dtype on the way, as copy_ does.
-  if (!dst.empty()) at::_foreach_copy_(dst, src);
+  if (!dst.empty()) at::_foreach_copy_(dst, src, non_blocking);
   if (!padding.empty()) at::_foreach_zero_(padding);
 }
 

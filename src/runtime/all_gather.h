@@ -12,9 +12,11 @@
 
 namespace fsdp::detail {
 
-// Writes this rank's shards into `send` (layout.total elements), padding zeroed.
+// Writes this rank's shards into `send` (layout.total elements), padding zeroed. The shards
+// may be in host memory and `send` on the device (offload): `non_blocking` copies them
+// asynchronously (from pinned memory).
 void all_gather_copy_in(const std::vector<FsdpParam>& params, const FlatLayout& layout,
-                        const at::Tensor& send);
+                        const at::Tensor& send, bool non_blocking = false);
 // Fills every parameter's full tensor (its bytes attached: FsdpParam::attach_full) from
 // `gathered` (world * layout.total elements, the parameters sharded over `world` ranks) and
 // points the parameter at it.

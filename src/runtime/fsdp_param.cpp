@@ -51,7 +51,7 @@ const ShardMark* shard_mark(const at::Tensor& t) {
 
 FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
                      const ProcessGroupPtr& replicate, at::ScalarType compute_dtype,
-                     const std::string& owner)
+                     const std::string& owner, const std::optional<CPUOffloadPolicy>& offload)
     : param_(std::move(param)), shard_group_(shard), replicate_group_(replicate) {
   at::NoGradGuard no_grad;
   const int world = shard->size();
@@ -60,10 +60,22 @@ FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
   for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
   for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
   const ShardRange& mine = ranges_[shard->rank()];
-  shard_ = param_.detach().narrow(0, mine.begin, mine.rows()).clone().contiguous();
+  const auto rows = param_.detach().narrow(0, mine.begin, mine.rows());
+  if (offload) {
+    // In host memory, pinned when a GPU will read it (the copies to the device are then
+    // asynchronous); a fresh tensor even when the parameter is on the CPU already.
+    const bool pin = offload->pin_memory && shard->device().is_cuda();
+    shard_ = at::empty(rows.sizes(), rows.options().device(at::kCPU).pinned_memory(pin));
+    shard_.copy_(rows);
+  } else {
+    shard_ = rows.clone().contiguous();
+  }
   mark_as_shard(shard_, ShardMark{owner, full_shape_, mine.begin, shard, replicate,
                                   replicate ? replicate->rank() : 0});
-  full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype));
+  // The full tensor lives where the unit computes: the parameter's device, or with offload the
+  // group's (the parameter may start on the CPU).
+  const c10::Device compute_device = offload ? shard->device() : param_.device();
+  full_ = at::empty(full_shape_, param_.options().dtype(compute_dtype).device(compute_device));
   full_nbytes_ = static_cast<int64_t>(full_.nbytes());
   full_bytes_ = std::make_unique<FullBytes>();
   full_bytes_->mark = shard_mark(shard_);
@@ -75,7 +87,9 @@ FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
   at::Tensor grad = param_.grad();
   param_.set_data(shard_);
   if (grad.defined()) {
-    param_.mutable_grad() = grad.narrow(0, mine.begin, mine.rows()).clone().contiguous();
+    param_.mutable_grad() = grad.narrow(0, mine.begin, mine.rows())
+                                .to(shard_.device(), /*non_blocking=*/false,
+                                    /*copy=*/true);
   }
 }
 

@@ -29,6 +29,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/layout.h"
+#include "fsdp/runtime/options.h"
 #include "fsdp/runtime/sharded_tensor.h"
 
 namespace torch::autograd {
@@ -60,9 +61,12 @@ class FsdpParam {
  public:
   // Shards `param` in place (set_data to this rank's rows of `shard`'s sharding; `replicate`
   // is the hybrid replicate group or null). `compute_dtype` is the dtype of the full tensor used
-  // in forward/backward; `owner` names the unit, for messages.
+  // in forward/backward; `owner` names the unit, for messages. With `offload` the shard (and so
+  // the parameter between gathers, its gradient and the optimizer's state) is in host memory
+  // and the full tensor on the group's device.
   FsdpParam(at::Tensor param, const ProcessGroupPtr& shard, const ProcessGroupPtr& replicate,
-            at::ScalarType compute_dtype, const std::string& owner);
+            at::ScalarType compute_dtype, const std::string& owner,
+            const std::optional<CPUOffloadPolicy>& offload = std::nullopt);
   // Releases the full tensor's bytes: autograd's saved views may keep its storage longer.
   ~FsdpParam();
   FsdpParam(FsdpParam&&) noexcept;

@@ -65,7 +65,7 @@ bool module_within(const torch::nn::Module* m, const torch::nn::Module& root) {
 // floating, one dtype.
 std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
     const torch::nn::Module& module, const ProcessGroup& pg, const InnerUnits& inner,
-    const std::vector<at::Tensor>& ignored) {
+    const std::vector<at::Tensor>& ignored, bool offload) {
   std::unordered_map<const c10::TensorImpl*, const UnitState*> owned;
   for (const auto& s : inner.all) {
     for (const auto& p : s->group().params()) owned[p.param().unsafeGetTensorImpl()] = s.get();
@@ -111,7 +111,8 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
                    "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
                    "give it shape [1]",
                    item.key());
-    FSDP_CHECK_ARG(p.device().type() == pg.device_type(),
+    // With offload the shards go to host memory: the parameters may start there.
+    FSDP_CHECK_ARG(p.device().type() == pg.device_type() || (offload && p.is_cpu()),
                    "fully_shard: parameter '{}' is on {} but the {} process group works on {} "
                    "tensors",
                    item.key(), p.device().str(), pg.backend_name(),
@@ -183,7 +184,8 @@ void shard_module(const std::shared_ptr<torch::nn::Module>& module, const Device
   // One replica is plain FSDP: no all-reduce to issue.
   if (m.replicate && m.replicate->size() == 1) m.replicate.reset();
   auto inner = inner_units(*module);
-  auto params = collect_own_params(*module, *m.shard, inner, options.ignored_params);
+  auto params = collect_own_params(*module, *m.shard, inner, options.ignored_params,
+                                   options.offload_policy.has_value());
   auto post_forward = post_forward_group(m.shard, options.reshard_after_forward_ranks);
   auto state = std::make_shared<UnitState>(module, m, std::move(options), std::move(params),
                                            std::move(post_forward));

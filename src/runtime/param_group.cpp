@@ -38,7 +38,8 @@ class CaptureGradHook final : public torch::autograd::FunctionPreHook {
 
 ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
                        const DeviceMesh& mesh, MixedPrecisionPolicy mp,
-                       ProcessGroupPtr post_forward, const std::string& owner)
+                       ProcessGroupPtr post_forward, const std::string& owner,
+                       std::optional<CPUOffloadPolicy> offload)
     : pg_(mesh.shard),
       replicate_(mesh.replicate),
       range_names_(std::make_shared<UnitRangeNames>()),
@@ -50,7 +51,7 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
   params_.reserve(params.size());  // FsdpParam addresses stay fixed: reductions refer to them
   for (auto& item : params) {
-    params_.emplace_back(item.second, pg_, replicate_, compute_dtype_, owner);
+    params_.emplace_back(item.second, pg_, replicate_, compute_dtype_, owner, offload);
   }
   gather_layout_ = flat_layout(shapes(), pg_->size());
   for (const auto& p : params_) trainable_.push_back(p.requires_grad());
@@ -58,9 +59,11 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
   if (post_forward_) post_forward_layout_ = flat_layout(shapes(), post_forward_->size());
   // One rank holding everything in its own dtype: the shard is the full parameter and autograd's
   // gradient is already the reduced one, so no copy and no collective is needed.
-  // (With replicas the gradient still has to be averaged across them.)
-  params_pass_through_ =
-      pg_->size() == 1 && !replicate_ && compute_dtype_ == orig && reduce_dtype_ == orig;
+  // (With replicas the gradient still has to be averaged across them; with offload the shard
+  // is in host memory and the unit computes on the device.)
+  offload_ = offload.has_value();
+  params_pass_through_ = pg_->size() == 1 && !replicate_ && compute_dtype_ == orig &&
+                         reduce_dtype_ == orig && !offload_;
 }
 
 void ParamGroup::join(std::shared_ptr<Tree> tree) {
@@ -215,6 +218,7 @@ void ParamGroup::post_backward() {
   spec.divide_factor = settings_.gradient_divide_factor;
   spec.all_reduce = settings_.requires_all_reduce;
   spec.zeros_if_unused = if_unused;
+  spec.to_host = offload_;
   reduction_ = foreach_reduce(params_, reduce_layout_, spec, deferred_, comm_, range_names_);
   comm_->track(reduction_);
 }
@@ -269,7 +273,8 @@ void ParamGroup::unshard() {
     } else {
       g.input = comm_->take_buffer(per_rank, opts);  // copy-in writes every element
       FSDP_RANGE("fsdp::all_gather_copy_in");
-      all_gather_copy_in(params_, gather_layout_, g.input);
+      // From host memory with offload: asynchronous from pinned shards.
+      all_gather_copy_in(params_, gather_layout_, g.input, /*non_blocking=*/offload_);
     }
     g.output = comm_->take_buffer(group.size() * per_rank, opts);
     g.work = group.all_gather(g.output, g.input);

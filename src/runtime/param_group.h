@@ -55,8 +55,11 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // reshard_after_forward_ranks is set) is the smaller group this rank's parameters stay
   // sharded over between forward and backward. `owner` names the unit, for messages. The
   // group starts in a tree of its own (a unit used alone, or before its root's lazy init).
+  // `offload`: the shards in host memory (CPUOffloadPolicy), copied to the device for each
+  // gather and their reduced gradients copied back.
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, const DeviceMesh& mesh,
-             MixedPrecisionPolicy mp, ProcessGroupPtr post_forward, const std::string& owner);
+             MixedPrecisionPolicy mp, ProcessGroupPtr post_forward, const std::string& owner,
+             std::optional<CPUOffloadPolicy> offload = std::nullopt);
 
   // The root's lazy init: the group joins the root's tree and its CommContext.
   void join(std::shared_ptr<Tree> tree);
@@ -158,6 +161,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   FlatLayout gather_layout_, reduce_layout_;
   std::vector<bool> trainable_;  // what the reduce layout was built for
   bool params_pass_through_ = false;
+  bool offload_ = false;
   bool nested_ = false;
   std::shared_ptr<const UnitRangeNames> range_names_;
   GroupSettings settings_;

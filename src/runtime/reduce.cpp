@@ -105,8 +105,11 @@ void reduce_scatter_copy_out(const std::vector<FsdpParam*>& params, const FlatLa
   }
 }
 
-ReduceOp op_of(const ReduceSpec& spec) {
-  return spec.divide_factor > 0 ? ReduceOp::kSum : ReduceOp::kAvg;
+// A custom factor divides the sum once at the end; the default averages at each level (the
+// engines' own average, as FSDP2 does), except over one rank, where the sum is the average and
+// FSDP2 sums too (NCCL's average over one rank was wrong: NVIDIA/nccl issue 1950).
+ReduceOp op_over(const ReduceSpec& spec, const ProcessGroup& group) {
+  return spec.divide_factor > 0 || group.size() == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
 }
 
 }  // namespace
@@ -169,7 +172,7 @@ void Reduction::start_all_reduce() {
   FSDP_RANGE(names_->all_reduce);
   // The shard group averaged over its ranks; averaging over the replicas makes it the average
   // over the world. In place on the reduced shard: no further buffer.
-  work_ = spec_.replicate->all_reduce(output_, op_of(spec_));
+  work_ = spec_.replicate->all_reduce(output_, op_over(spec_, *spec_.replicate));
 }
 
 void Reduction::finish() {
@@ -194,7 +197,16 @@ void Reduction::finish() {
   } else {
     if (spec_.divide_factor > 0) output_.div_(spec_.divide_factor);
     FSDP_RANGE("fsdp::reduce_scatter_copy_out");
-    reduce_scatter_copy_out(params_, layout_, output_, had_grad_);
+    if (spec_.to_host) {
+      // Offload: to the host first (a blocking copy: the optimizer steps on the host right
+      // after the backward, so the gradients must be there when it returns). A copy even when
+      // the host is the device, so the path is the same on a machine without a GPU.
+      at::Tensor host = at::empty(output_.sizes(), output_.options().device(at::kCPU));
+      host.copy_(output_);
+      reduce_scatter_copy_out(params_, layout_, host, had_grad_);
+    } else {
+      reduce_scatter_copy_out(params_, layout_, output_, had_grad_);
+    }
   }
   release(input_);
   release(output_);
@@ -229,7 +241,7 @@ std::shared_ptr<Reduction> foreach_reduce(std::vector<FsdpParam>& params, const 
     output = comm->take_buffer(layout.total, options);
     // A custom factor divides the sum once at the end; the default averages at each level (the
     // engines' own average, as FSDP2 does).
-    work = spec.shard->reduce_scatter(output, input, op_of(spec));
+    work = spec.shard->reduce_scatter(output, input, op_over(spec, *spec.shard));
   } catch (...) {
     // Nothing was issued: the buffers go back, so the counters stay true (an out-of-memory a
     // caller catches must not leave them inflated).

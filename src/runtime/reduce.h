@@ -32,6 +32,9 @@ struct ReduceSpec {
   // Every parameter of the layout receives the reduced rows, whether it got a gradient on this
   // rank or not (set_reduce_scatter_unused_params: other ranks may have had one).
   bool zeros_if_unused = false;
+  // The parameters' shards are in host memory (CPUOffloadPolicy): the reduced shard is copied
+  // there before it is added into their gradients.
+  bool to_host = false;
 };
 
 // Reduced shards kept across backwards for a later all-reduce across replicas, and which

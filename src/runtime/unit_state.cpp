@@ -17,7 +17,8 @@ UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, const Dev
     : module_(module),
       options_(std::move(options)),
       group_(std::make_shared<ParamGroup>(std::move(params), mesh, options_.mp_policy,
-                                          std::move(post_forward), module->name())) {
+                                          std::move(post_forward), module->name(),
+                                          options_.offload_policy)) {
   group_->settings().reshard_after_forward = options_.reshard_after_forward;
   group_->set_gradients_per_use(options_.activation_checkpointing);
 }

@@ -85,6 +85,73 @@ TEST_F(CudaTest, NcclWorldOneBf16ReductionCountsBf16Bytes) {
   for (double loss : got.losses) EXPECT_TRUE(std::isfinite(loss));
 }
 
+// CPU offload on a GPU (FSDP2's CPUOffloadPolicy): the shards, so their gradients and AdamW's
+// state, are pinned host tensors; the unit computes on the GPU. The training equals the one
+// without offload to rounding (the optimizer then runs the CPU's fused kernel, not CUDA's).
+TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
+  auto s = spec();
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  auto want = train_sharded(s, pg);
+  s.offload = CPUOffloadPolicy{};
+  auto got = train_sharded(s, pg);
+  std::cout << "cuda offload: loss rel err " << max_rel_loss_error(got, want) << ", param rel err "
+            << max_rel_param_error(got, want) << "\n";
+  EXPECT_LT(max_rel_loss_error(got, want), 1e-5);
+  EXPECT_LT(max_rel_param_error(got, want), 1e-5);
+
+  auto model = build_model(s);
+  auto root = shard_model(model, pg, s);
+  FusedAdamW opt(root.parameters(), torch::optim::AdamWOptions(s.lr));
+  auto [tokens, targets] = global_batch(s, 0);
+  auto logits = root(tokens.to(s.device));
+  EXPECT_TRUE(logits.is_cuda());
+  loss_of(logits, targets.to(s.device), s.model.output_size()).backward();
+  opt.step();
+  for (const auto& p : root.parameters()) {
+    EXPECT_TRUE(p.is_cpu() && p.is_pinned()) << "a shard not in pinned host memory";
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_TRUE(p.grad().is_cpu()) << "a gradient shard not on the host";
+    auto& state =
+        static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+    EXPECT_TRUE(state.exp_avg().is_cpu() && state.exp_avg_sq().is_cpu());
+  }
+}
+
+// Optimizer-state offload alone: the parameters stay on the GPU, AdamW's moments are pinned host
+// tensors, and the update equals CUDA's fused AdamW to rounding.
+TEST_F(CudaTest, OptimizerStateOffloadMatchesTheDeviceStep) {
+  auto s = spec();
+  auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
+  std::vector<std::vector<at::Tensor>> finals;
+  for (bool offload : {false, true}) {
+    auto model = build_model(s);
+    auto root = shard_model(model, pg, s);
+    FusedAdamW opt(root.parameters(), torch::optim::AdamWOptions(s.lr));
+    opt.set_state_offload(offload);
+    for (int step = 0; step < 3; ++step) {
+      auto [tokens, targets] = global_batch(s, step);
+      opt.zero_grad();
+      loss_of(root(tokens.to(s.device)), targets.to(s.device), s.model.output_size()).backward();
+      opt.step();
+    }
+    std::vector<at::Tensor> params;
+    for (const auto& p : root.parameters()) {
+      EXPECT_TRUE(p.is_cuda()) << "the parameters stay on the device";
+      auto& state =
+          static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+      EXPECT_EQ(state.exp_avg().is_cpu(), offload);
+      if (offload) {
+        EXPECT_TRUE(state.exp_avg().is_pinned() && state.exp_avg_sq().is_pinned());
+      }
+      params.push_back(p.detach().cpu());
+    }
+    finals.push_back(params);
+  }
+  for (size_t i = 0; i < finals[0].size(); ++i) {
+    EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+}
+
 class FakeCudaWorld : public CudaTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(FakeCudaWorld, MemoryAndCountsOfRankZero) {

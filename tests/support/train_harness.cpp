@@ -152,6 +152,7 @@ Unit<TinyLM> shard_model(TinyLM& model, const ProcessGroupPtr& pg, const TrainSp
 Unit<TinyLM> shard_model(TinyLM& model, const DeviceMesh& mesh, const TrainSpec& spec) {
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
   options.activation_checkpointing = spec.checkpoint_blocks;
+  options.offload_policy = spec.offload;
   for (auto& layer : model->layers) fully_shard(layer, mesh, options);
   options.activation_checkpointing = spec.checkpoint_root;
   return fully_shard(model, mesh, options);

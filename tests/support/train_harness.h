@@ -51,6 +51,8 @@ struct TrainSpec {
   // checkpointed blocks inside its own recompute).
   bool checkpoint_blocks = false;
   bool checkpoint_root = false;
+  // Every unit's shards in host memory (FullyShardOptions::offload_policy).
+  std::optional<CPUOffloadPolicy> offload;
   // Applied to the freshly built model, before sharding (e.g. freezing parameters).
   std::function<void(TinyLM&)> edit_model;
   // Where the model trains: parameters are initialised on the CPU (the same values on every

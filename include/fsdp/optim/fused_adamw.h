@@ -11,7 +11,8 @@
 // Works on sharded parameters like any libtorch optimizer: each rank updates its own shards.
 // Floating parameters only (fp32, bf16, fp16, fp64); a group may mix devices and dtypes (the
 // kernel runs once per device and dtype). Each step makes one scalar step-count tensor per
-// parameter for the kernel (microseconds; the state keeps libtorch's integer count).
+// device, dtype and count for the kernel (one in a normal run; the state keeps libtorch's
+// integer count).
 #pragma once
 
 #include <torch/optim/adamw.h>
@@ -25,6 +26,25 @@ class FusedAdamW : public torch::optim::AdamW {
   // One fused update per parameter group (per device and dtype within it). Throws
   // InvalidArgument for a sparse gradient. Parameters without a gradient are skipped.
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Optimizer-state offload, on its own (FSDP2's CPUOffloadPolicy moves the parameters too, all
+  // or nothing; ZeRO-Offload's split): the moments of parameters that live on a device are kept
+  // in host memory (pinned with `pin_memory`, for asynchronous copies), and each step copies
+  // those parameters (this rank's shards) and their gradients to the host, updates them there
+  // with the fused CPU kernel (libtorch's intra-op threads), and copies the parameters back.
+  // Device memory saved: both moments, 8 bytes per fp32 parameter; cost: the copies (host to
+  // host where the parameters are on the host: the same path, for machines without a GPU).
+  // Applies to state created after the call: call it before the first step (state loaded from a
+  // checkpoint stays where it was put).
+  void set_state_offload(bool on, bool pin_memory = true) {
+    offload_state_ = on;
+    pin_memory_ = pin_memory;
+  }
+  bool state_offload() const { return offload_state_; }
+
+ private:
+  bool offload_state_ = false;
+  bool pin_memory_ = true;
 };
 
 }  // namespace fsdp

@@ -10,6 +10,16 @@
 
 namespace fsdp {
 
+// FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients (and so the optimizer's
+// state and step) live in host memory; each all-gather first copies this rank's shards to the
+// device, and each reduced gradient shard is copied back to the host. The device then holds
+// only gathered parameters, communication buffers and activations.
+struct CPUOffloadPolicy {
+  // Pinned (page-locked) host memory, so that the copies to the device run asynchronously;
+  // only where the device is a GPU (on the CPU there is nothing to pin for).
+  bool pin_memory = true;
+};
+
 struct FullyShardOptions {
   MixedPrecisionPolicy mp_policy;
   // Free the full parameters after forward and gather them again for backward. Unset: true,
@@ -36,6 +46,11 @@ struct FullyShardOptions {
   // Parameters of the module left as they are: not sharded, not gathered, their gradients not
   // reduced (FSDP2's ignored_params). Each rank keeps and trains its own copy.
   std::vector<at::Tensor> ignored_params = {};
+  // Unset: the shards live on the group's device (the parameters' own). Set: in host memory
+  // (CPUOffloadPolicy). Parameters may then start on the CPU or on the device. On a machine
+  // without a GPU the host is the device: the same copies run (host to host), so the offload
+  // path is exercised and checked there too.
+  std::optional<CPUOffloadPolicy> offload_policy = std::nullopt;
 };
 
 }  // namespace fsdp
