@@ -50,6 +50,7 @@ fsdp::FullyShardOptions unit_options(const Options& o, bool layer) {
     opts.mp_policy.param_dtype = torch::kBFloat16;
     opts.mp_policy.reduce_dtype = torch::kFloat;
   }
+  if (o.train.offload == "all") opts.offload_policy = fsdp::CPUOffloadPolicy{};
   if (layer) {
     opts.reshard_after_forward = o.train.reshard_after_forward;
     opts.activation_checkpointing = o.train.activation_checkpointing;

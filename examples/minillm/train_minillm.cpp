@@ -36,6 +36,7 @@ fsdp::FullyShardOptions root_options(const Options& o) {
     opts.mp_policy.param_dtype = torch::kBFloat16;
     opts.mp_policy.reduce_dtype = torch::kFloat;
   }
+  if (o.train.offload == "all") opts.offload_policy = fsdp::CPUOffloadPolicy{};
   return opts;
 }
 

@@ -29,7 +29,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
     groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
   }
   if (o.optimizer == "fused-adamw") {
-    return std::make_unique<fsdp::FusedAdamW>(groups, options(o.weight_decay));
+    auto fused = std::make_unique<fsdp::FusedAdamW>(groups, options(o.weight_decay));
+    // --offload all: the shards are host tensors already, and their state with them.
+    if (o.offload == "optimizer") fused->set_state_offload(true);
+    return fused;
   }
   return std::make_unique<torch::optim::AdamW>(groups, options(o.weight_decay));
 }

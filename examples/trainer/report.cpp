@@ -42,11 +42,13 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
   const int64_t startup_peak = max_over_ranks(*dist_.group, startup_peak_bytes, dist_.device);
   if (!lead_) return;
   const int world = dist_.group->size();
-  fmt::print("{} | world {}{} | backend {} | device {} | dtype {}\n", model_.name, world,
+  const std::string backend = dist_.group->backend_name();
+  fmt::print("{} | world {}{} | backend {}{} | device {} | dtype {}{}\n", model_.name, world,
              o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards (hybrid sharding)",
                                            o_.replicas, world / o_.replicas)
                              : "",
-             dist_.group->backend_name(), dist_.device.str(), o_.dtype);
+             backend, backend == "nccl" ? " " + fsdp::nccl_version() : "", dist_.device.str(),
+             o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "");
   fmt::print("model: {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n", model_.sizes, o_.seq,
              model_.parameters / 1e6, mib(model_.parameters * 4));
   fmt::print(

@@ -82,6 +82,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
                  "check; saves one all-reduce per step)")
       ->check(CLI::IsMember({"stop", "skip", "off"}))
       ->capture_default_str();
+  app.add_option("--offload", o.offload,
+                 "Host memory for what a step does not compute with: none; optimizer (AdamW's "
+                 "moments on the host and its step on the CPU: 8 bytes per parameter off the "
+                 "device; needs --optimizer fused-adamw); all (FSDP2's CPU offload: the sharded "
+                 "parameters, gradients and optimizer state on the host, each all-gather copies "
+                 "the shards in first)")
+      ->check(CLI::IsMember({"none", "optimizer", "all"}))
+      ->capture_default_str();
   app.add_option("--profile-steps", profile_steps,
                  "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
                  "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
@@ -193,6 +201,13 @@ std::string check(const TrainOptions& o, int world) {
                        o.profile_first, o.profile_last, o.steps);
   }
   if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
+  if (o.offload == "optimizer" && o.optimizer != "fused-adamw") {
+    return fmt::format(
+        "--offload optimizer keeps fsdp::FusedAdamW's state on the host; --optimizer {} has no "
+        "such mode (use --optimizer fused-adamw, or --offload all, which offloads any optimizer "
+        "with the parameters)",
+        o.optimizer);
+  }
   return "";
 }
 

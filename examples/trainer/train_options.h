@@ -36,6 +36,9 @@ struct TrainOptions {
   int grad_accum = 1;              // micro-batches per step, the rank's batch split evenly
   bool grad_accum_sync = false;    // reduce-scatter after every micro-batch instead of once
   std::string nonfinite = "stop";  // stop | skip | off: a NaN/inf loss or gradient norm
+  // none | optimizer (AdamW's moments in host memory, the step on the CPU) | all (FSDP2's
+  // CPUOffloadPolicy: sharded parameters, gradients and optimizer state in host memory)
+  std::string offload = "none";
 
   // Checkpoints and outputs.
   std::string save_dir;  // sharded checkpoints go here

@@ -26,6 +26,7 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>&, int, int
 
 #ifndef FSDP_HAVE_NCCL
 bool has_nccl_backend() { return false; }
+std::string nccl_version() { return ""; }
 std::vector<uint8_t> make_nccl_unique_id() { missing("NCCL", "FSDP_WITH_NCCL"); }
 ProcessGroupPtr make_nccl_group(int, int, int, const std::vector<uint8_t>&,
                                 std::chrono::milliseconds) {

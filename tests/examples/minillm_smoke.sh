@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of train_minillm at a tiny size: world 1 and world 2 (mpiexec) agree on every
 # step's loss to 1e-5, also with the training features on (accumulation without sync,
-# activation checkpointing, the whole-model start-up) and as 2 replicas (hybrid sharding); the
-# loss falls; and bad flags exit non-zero with a message naming them.
+# activation checkpointing, the whole-model start-up), as 2 replicas (hybrid sharding) and with
+# CPU offload (--offload all, --offload optimizer: on this machine the host is the device, the
+# same copies run); the loss falls; and bad flags exit non-zero with a message naming them.
 #   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -21,25 +22,36 @@ features=(--grad-accum 2 --activation-checkpointing --init-full-model)
   > "$tmp/w2f.log" 2>&1 || { cat "$tmp/w2f.log"; exit 1; }
 "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --replicas 2 --metrics-out "$tmp/w2r.jsonl" \
   > "$tmp/w2r.log" 2>&1 || { cat "$tmp/w2r.log"; exit 1; }
+for mode in all optimizer; do
+  "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --offload "$mode" --metrics-out "$tmp/w2o$mode.jsonl" \
+    > "$tmp/w2o$mode.log" 2>&1 || { cat "$tmp/w2o$mode.log"; exit 1; }
+done
 losses() { sed -E 's/.*"loss":([-0-9.eE+]+).*/\1/' "$1"; }
 paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/w2.jsonl") <(losses "$tmp/w2f.jsonl") \
-  <(losses "$tmp/w2r.jsonl") > "$tmp/pairs"
+  <(losses "$tmp/w2r.jsonl") <(losses "$tmp/w2oall.jsonl") <(losses "$tmp/w2ooptimizer.jsonl") \
+  > "$tmp/pairs"
 [ "$(wc -l < "$tmp/pairs")" -eq 6 ] || { echo "expected 6 metrics lines per run"; cat "$tmp"/*.log; exit 1; }
 if ! awk 'function off(a, b) { d = a - b; if (d < 0) d = -d; return d > 1e-5 * (a < 0 ? -a : a) }
           { if (off($1, $2)) bad = "world 2"; if (off($1, $3)) bad = "world 2 with " features
-            if (off($1, $4)) bad = "world 2 as 2 replicas" }
+            if (off($1, $4)) bad = "world 2 as 2 replicas"
+            if (off($1, $5)) bad = "world 2 with --offload all"
+            if (off($1, $6)) bad = "world 2 with --offload optimizer" }
           NR == 1 { first = $1 } { last = $1 }
           END { if (bad) { print "world 1 and " bad " losses differ"; exit 1 }
                 if (!(last < first)) { print "loss did not fall"; exit 1 } }' \
      features="${features[*]}" "$tmp/pairs"; then
   cat "$tmp/pairs"; fail=1
 fi
-echo "losses (world 1, world 2, world 2 with ${features[*]}, world 2 as 2 replicas):"
+echo "losses (world 1, world 2, world 2 with ${features[*]}, world 2 as 2 replicas," \
+  "world 2 with --offload all, with --offload optimizer):"
 cat "$tmp/pairs"
 grep -q "as 2 replicas x 1 shards (hybrid sharding)" "$tmp/w2r.log" \
   || { echo "the header does not show the layout:"; cat "$tmp/w2r.log"; fail=1; }
 grep -q "in 2 micro-batches" "$tmp/w2f.log" && grep -q "activation checkpointing" "$tmp/w2f.log" \
   || { echo "the header does not show the features:"; cat "$tmp/w2f.log"; fail=1; }
+
+grep -q "| offload all" "$tmp/w2oall.log" \
+  || { echo "the header does not show the offload:"; cat "$tmp/w2oall.log"; fail=1; }
 
 expect_error() {  # expect_error NEEDLE ARGS...
   local needle="$1"; shift
@@ -59,6 +71,9 @@ expect_error "--steps must be a positive integer" --steps -3
 expect_error "--grad-accum must be a positive integer" --grad-accum 0
 expect_error "--replicas 2 must divide the world of 1 ranks" --replicas 2
 expect_error "--replicas 0 must divide the world of 1 ranks" --replicas 0
+expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" --offload optimizer \
+  --optimizer adamw
+expect_error "--offload: bogus not in" --offload bogus
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "${args[@]}" --grad-accum 3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then

@@ -22,6 +22,11 @@ bool has_mpi_backend();
 bool has_nccl_backend();
 bool has_gloo_backend();
 
+// The NCCL library this process runs with (ncclGetVersion: the loaded libnccl, not the headers
+// built against), e.g. "2.28.9"; "" when built without NCCL. Worth logging: NCCL bugs are
+// version-specific (ncclAvg on one rank before 2.29.7, for one).
+std::string nccl_version();
+
 // MPI over MPI_COMM_WORLD (a duplicate), CPU tensors, for processes started by mpirun.
 // Initialises MPI (MPI_THREAD_MULTIPLE) on first use unless the program already did, and
 // finalises it when the last MPI group is destroyed if it initialised it.

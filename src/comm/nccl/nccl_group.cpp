@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "comm/nccl/nccl_comm.h"
@@ -294,6 +295,14 @@ class NcclProcessGroup final : public ProcessGroup {
 }  // namespace
 
 bool has_nccl_backend() { return true; }
+
+std::string nccl_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch.
+  return std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
+         std::to_string(code % 100);
+}
 
 std::vector<uint8_t> make_nccl_unique_id() {
   ncclUniqueId id;
