@@ -38,9 +38,12 @@ at::Tensor gather_full(const ShardedTensor& s) {
   ParamShape shape{s.global_shape.at(0), 1};
   for (size_t d = 1; d < s.global_shape.size(); ++d) shape.row_numel *= s.global_shape[d];
   const int64_t padded = shape.padded_numel(world);
-  auto send = at::zeros({padded}, s.local.options());
+  // Communicated on the group's device, which is not the shard's under CPU offload (host shards,
+  // a GPU group: NCCL takes device tensors only); the full tensor lands where the shard lives.
+  const auto comm = s.local.options().device(pg.device());
+  auto send = at::zeros({padded}, comm);
   if (s.local.numel() > 0) send.narrow(0, 0, s.local.numel()).copy_(s.local.detach().reshape(-1));
-  auto all = at::empty({world * padded}, s.local.options());
+  auto all = at::empty({world * padded}, comm);
   pg.all_gather(all, send)->wait();
   auto full = at::empty(s.global_shape, s.local.options());
   auto full_rows = full.view({shape.dim0, shape.row_numel});

@@ -28,8 +28,17 @@ c10::Device rank_gpu(const LaunchInfo& launch, int gpus, const std::string& why,
   if (gpus <= 0) {
     throw LaunchError(fmt::format("{}, but libtorch sees no CUDA device", why));
   }
-  const bool own_gpu = gpus == 1 && (getenv_or_null(getenv, "CUDA_VISIBLE_DEVICES") ||
-                                     getenv_or_null(getenv, "NVIDIA_VISIBLE_DEVICES"));
+  // Only a variable naming one device: containers set NVIDIA_VISIBLE_DEVICES=all everywhere, and
+  // several ranks on a machine of one GPU must still be refused here, not by NCCL later.
+  auto names_one = [&](const char* var) {
+    const char* v = getenv_or_null(getenv, var);
+    if (!v) return false;
+    const std::string s(v);
+    return !s.empty() && s.find(',') == std::string::npos && s != "all" && s != "none" &&
+           s != "void";
+  };
+  const bool own_gpu =
+      gpus == 1 && (names_one("CUDA_VISIBLE_DEVICES") || names_one("NVIDIA_VISIBLE_DEVICES"));
   if (own_gpu) return c10::Device(c10::kCUDA, 0);
   if (launch.local_rank >= gpus) {
     throw LaunchError(fmt::format(

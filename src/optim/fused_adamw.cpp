@@ -1,10 +1,12 @@
 #include "fsdp/optim/fused_adamw.h"
 
 #include <ATen/ops/_fused_adamw.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <map>
 #include <tuple>
+#include <unordered_set>
 
 #include "fsdp/errors.h"
 #include "util/check.h"
@@ -30,6 +32,10 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     // The kernel takes lists of one device and dtype: split the group by them.
     std::map<Key, Lists> buckets;
+    // State offload's copies to where the state is (destination, source), issued together, and
+    // the devices they come from (each waited for once).
+    std::vector<std::pair<at::Tensor, at::Tensor>> staged;
+    std::unordered_set<c10::Device> staged_from;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       FSDP_CHECK_ARG(!p.grad().is_sparse(), "FusedAdamW: sparse gradients are not supported");
@@ -38,10 +44,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         // The state torch::optim::AdamW would create, so the two stay interchangeable; with
         // state offload, in host memory.
         auto zeros = [&] {
-          return offload_state_
-                     ? torch::zeros(p.sizes(), p.options().device(at::kCPU).pinned_memory(
-                                                   pin_memory_ && !p.is_cpu()))
-                     : torch::zeros_like(p, at::MemoryFormat::Preserve);
+          return offload_state_ ? torch::zeros(p.sizes(), p.options().device(at::kCPU))
+                                : torch::zeros_like(p, at::MemoryFormat::Preserve);
         };
         auto s = std::make_unique<torch::optim::AdamWParamState>();
         s->exp_avg(zeros());
@@ -50,14 +54,27 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         slot = std::move(s);
       }
       auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      if (offload_state_ && !s.exp_avg().is_cpu()) {
+        // State made elsewhere (loaded from a checkpoint next to the parameter) moves to the
+        // host once, at the first step after the switch.
+        s.exp_avg(s.exp_avg().to(at::kCPU));
+        s.exp_avg_sq(s.exp_avg_sq().to(at::kCPU));
+        if (s.max_exp_avg_sq().defined()) s.max_exp_avg_sq(s.max_exp_avg_sq().to(at::kCPU));
+      }
       // Where the update runs: where the state is. Offloaded state steps on host copies of the
-      // parameter and gradient, written back after (copies even for a parameter on the host, so
-      // a machine without a GPU runs the same path).
+      // parameter and gradient (staged in pinned memory when they come from a GPU, so that the
+      // copies are asynchronous and wait once per step, not once per parameter), written back
+      // after (copies even for a parameter on the host, so a machine without a GPU runs the
+      // same path).
       at::Tensor param = p, grad = p.grad();
       if (offload_state_ || s.exp_avg().device() != p.device()) {
         const auto where = s.exp_avg().device();
-        param = p.to(where, /*non_blocking=*/false, /*copy=*/true);
-        grad = grad.to(where, /*non_blocking=*/false, /*copy=*/true);
+        const bool pin = pin_memory_ && where.is_cpu() && !p.is_cpu();
+        param = at::empty(p.sizes(), p.options().device(where).pinned_memory(pin));
+        grad = at::empty(p.grad().sizes(), p.grad().options().device(where).pinned_memory(pin));
+        staged.emplace_back(param, p);
+        staged.emplace_back(grad, p.grad());
+        if (!p.is_cpu()) staged_from.insert(p.device());
       }
       auto& b = buckets[Key{static_cast<int>(param.device().type()), param.device().index(),
                             static_cast<int>(param.scalar_type())}];
@@ -68,6 +85,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       b.exp_avg_sqs.push_back(s.exp_avg_sq());
       if (o.amsgrad()) b.max_exp_avg_sqs.push_back(s.max_exp_avg_sq());
       b.states.push_back(&s);
+    }
+    for (auto& [dst, src] : staged) dst.copy_(src, /*non_blocking=*/true);
+    for (const auto& device : staged_from) {
+      c10::impl::VirtualGuardImpl impl(device.type());
+      impl.getStream(device).synchronize();
     }
     for (auto& [key, b] : buckets) {
       // Bytes the kernel moves, for profiles (the trace drops long lists' shapes): it reads
@@ -94,7 +116,11 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
                         o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(),
                         o.eps(), o.amsgrad(), /*maximize=*/false);
       for (auto* s : b.states) s->step(s->step() + 1);
-      for (auto& [device_param, host_param] : b.write_back) device_param.copy_(host_param);
+      // Asynchronous from pinned memory: the caching host allocator keeps a staging buffer
+      // until the copy that reads it has run.
+      for (auto& [device_param, host_param] : b.write_back) {
+        device_param.copy_(host_param, /*non_blocking=*/true);
+      }
     }
   }
   return loss;

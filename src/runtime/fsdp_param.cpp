@@ -3,6 +3,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/function.h>
 
+#include "util/check.h"
+
 namespace fsdp::detail {
 
 struct FullBytes {
@@ -147,6 +149,20 @@ void FsdpParam::use_shard() {
   if (!holds_full_) return;
   param_.set_data(shard_);
   holds_full_ = false;
+}
+
+void FsdpParam::adopt_replaced_data() {
+  if (holds_full_ || param_.storage().is_alias_of(shard_.storage())) return;
+  const auto* mark = shard_mark(shard_);
+  FSDP_CHECK_ARG(param_.sizes() == shard_.sizes(),
+                 "fsdp: a parameter of unit '{}' was replaced while sharded by a tensor of shape "
+                 "{}; its shard on this rank has shape {} (assign rows of the shard's shape, or "
+                 "load through fsdp's loaders)",
+                 mark ? mark->owner : std::string("?"), c10::str(param_.sizes()),
+                 c10::str(shard_.sizes()));
+  at::NoGradGuard no_grad;
+  shard_.copy_(param_.detach());
+  param_.set_data(shard_);
 }
 
 void FsdpParam::capture_full_grad(const at::Tensor& grad) {

@@ -105,6 +105,11 @@ class FsdpParam {
   // Points the parameter at the full tensor, or back at the shard. grad() is untouched.
   void use_full();
   void use_shard();
+  // A parameter pointed at other memory while sharded (Module::to after fully_shard moves every
+  // parameter of a module tree, shards included; a load that assigns): its values become the
+  // shard's and it holds the shard again (FSDP2's reset_sharded_param). A tensor of another
+  // shape than the shard's is refused (InvalidArgument naming the unit).
+  void adopt_replaced_data();
 
   // Autograd's full gradient, from the accumulator's pre-hook: kept until this backward's
   // post-backward (added to when a parameter is used more than once).

@@ -62,6 +62,7 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
   // (With replicas the gradient still has to be averaged across them; with offload the shard
   // is in host memory and the unit computes on the device.)
   offload_ = offload.has_value();
+  pin_host_ = offload_ && offload->pin_memory;
   params_pass_through_ = pg_->size() == 1 && !replicate_ && compute_dtype_ == orig &&
                          reduce_dtype_ == orig && !offload_;
 }
@@ -219,6 +220,7 @@ void ParamGroup::post_backward() {
   spec.all_reduce = settings_.requires_all_reduce;
   spec.zeros_if_unused = if_unused;
   spec.to_host = offload_;
+  spec.pin_host = pin_host_;
   reduction_ = foreach_reduce(params_, reduce_layout_, spec, deferred_, comm_, range_names_);
   comm_->track(reduction_);
 }
@@ -262,6 +264,11 @@ void ParamGroup::unshard() {
   }
   FSDP_RANGE(range_names_->all_gather);
   const bool small = sharded_ == ShardedState::kShardedPostForward;
+  // Values written into a parameter moved off its shard since the last gather (Module::to after
+  // fully_shard) are what the gather must send.
+  if (sharded_ == ShardedState::kSharded) {
+    for (auto& p : params_) p.adopt_replaced_data();
+  }
   ProcessGroup& group = small ? *post_forward_ : *pg_;
   const int64_t per_rank = small ? post_forward_layout_.total : gather_layout_.total;
   auto opts = buffer_options(compute_dtype_);

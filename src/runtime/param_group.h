@@ -162,6 +162,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::vector<bool> trainable_;  // what the reduce layout was built for
   bool params_pass_through_ = false;
   bool offload_ = false;
+  bool pin_host_ = false;  // offload into pinned memory (CPUOffloadPolicy::pin_memory)
   bool nested_ = false;
   std::shared_ptr<const UnitRangeNames> range_names_;
   GroupSettings settings_;

@@ -198,10 +198,12 @@ void Reduction::finish() {
     if (spec_.divide_factor > 0) output_.div_(spec_.divide_factor);
     FSDP_RANGE("fsdp::reduce_scatter_copy_out");
     if (spec_.to_host) {
-      // Offload: to the host first (a blocking copy: the optimizer steps on the host right
-      // after the backward, so the gradients must be there when it returns). A copy even when
-      // the host is the device, so the path is the same on a machine without a GPU.
-      at::Tensor host = at::empty(output_.sizes(), output_.options().device(at::kCPU));
+      // Offload: to the host first, into pinned memory from a GPU (a blocking copy: the copy-out
+      // adds on the host right after, and the optimizer steps there once the backward returns;
+      // FSDP2 overlaps this copy with an event when it need not accumulate, not done here). A
+      // copy even when the host is the device, so the path is the same without a GPU.
+      at::Tensor host = at::empty(output_.sizes(), output_.options().device(at::kCPU).pinned_memory(
+                                                       spec_.pin_host && output_.is_cuda()));
       host.copy_(output_);
       reduce_scatter_copy_out(params_, layout_, host, had_grad_);
     } else {

@@ -35,6 +35,8 @@ struct ReduceSpec {
   // The parameters' shards are in host memory (CPUOffloadPolicy): the reduced shard is copied
   // there before it is added into their gradients.
   bool to_host = false;
+  // With to_host: the host tensor is pinned where the reduced shard is on a GPU.
+  bool pin_host = false;
 };
 
 // Reduced shards kept across backwards for a later all-reduce across replicas, and which

@@ -160,6 +160,11 @@ TEST(EngineChoice, OneGpuPerProcessIsCudaZero) {
   EXPECT_EQ(choose(torchrun(1, 2, 1), 2, {{"CUDA_VISIBLE_DEVICES", "4,5"}}).device,
             c10::Device(c10::kCUDA, 1));
   expect_error(torchrun(1, 2, 1), 1, {}, {}, "give each process its own GPU with");
+  // A container's blanket setting names no one device: two ranks on one GPU are still refused.
+  expect_error(torchrun(1, 2, 1), 1, {{"NVIDIA_VISIBLE_DEVICES", "all"}}, {},
+               "local rank 1 has no GPU");
+  expect_error(torchrun(1, 2, 1), 1, {{"CUDA_VISIBLE_DEVICES", "0,1"}}, {},
+               "local rank 1 has no GPU");
 }
 
 // FSDP_REQUIRE_GPU=1: a run that would fall back to the CPU fails, naming why.

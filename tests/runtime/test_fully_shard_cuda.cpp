@@ -117,7 +117,7 @@ TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
   }
 }
 
-// Optimizer-state offload alone: the parameters stay on the GPU, AdamW's moments are pinned host
+// Optimizer-state offload alone: the parameters stay on the GPU, AdamW's moments are host
 // tensors, and the update equals CUDA's fused AdamW to rounding.
 TEST_F(CudaTest, OptimizerStateOffloadMatchesTheDeviceStep) {
   auto s = spec();
@@ -140,9 +140,6 @@ TEST_F(CudaTest, OptimizerStateOffloadMatchesTheDeviceStep) {
       auto& state =
           static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
       EXPECT_EQ(state.exp_avg().is_cpu(), offload);
-      if (offload) {
-        EXPECT_TRUE(state.exp_avg().is_pinned() && state.exp_avg_sq().is_pinned());
-      }
       params.push_back(p.detach().cpu());
     }
     finals.push_back(params);

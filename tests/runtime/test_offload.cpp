@@ -156,6 +156,58 @@ TEST(Offload, ResumesThroughACheckpointAtAnotherWorld) {
   std::system(("rm -rf '" + dir + "'").c_str());
 }
 
+// A parameter pointed at other memory after sharding (what Module::to does to every parameter
+// of a tree on a GPU, host shards included): the values written there since are adopted by the
+// next gather, the parameter holds its shard again, and training goes on as if nothing moved.
+// A tensor of the wrong shape is refused, naming the unit.
+TEST(Offload, ParametersMovedAfterShardingAreAdopted) {
+  TrainSpec spec;
+  spec.steps = 3;
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto plain = make_run(spec, Offload::kNone, pg);
+        auto moved = make_run(spec, Offload::kParams, pg);
+        for (const auto& p : moved.root.parameters()) {
+          at::NoGradGuard no_grad;
+          p.set_data(p.detach().clone());  // a copy, as a move to another device makes
+          ASSERT_FALSE(shard_of(p).has_value());
+        }
+        const auto want = train(plain, spec, pg, 0, spec.steps);
+        const auto got = train(moved, spec, pg, 0, spec.steps);
+        EXPECT_EQ(got, want);
+        for (const auto& p : moved.root.parameters()) {
+          EXPECT_TRUE(shard_of(p).has_value()) << "the parameter holds its shard again";
+        }
+
+        // Values written into the replaced tensors are what the next gather sends.
+        for (const auto& p : moved.root.parameters()) {
+          at::NoGradGuard no_grad;
+          p.set_data(at::full_like(p, 0.5));
+        }
+        moved.root(global_batch(spec, 0).first.narrow(0, 0, 1));
+        for (const auto& [name, t] : get_full_model_state_dict(*moved.model, pg)) {
+          EXPECT_TRUE(at::equal(t, at::full_like(t, 0.5))) << name;
+        }
+
+        auto& first = moved.model->layers[0];
+        for (auto& p : first->parameters()) {
+          at::NoGradGuard no_grad;
+          p.set_data(at::zeros({p.size(0) + 1}, p.options()));
+          break;
+        }
+        try {
+          moved.root(global_batch(spec, 0).first.narrow(0, 0, 1));
+          ADD_FAILURE() << "expected InvalidArgument";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("was replaced while sharded by a tensor of shape"),
+                    std::string::npos)
+              << e.what();
+        }
+      },
+      test_options());
+}
+
 // The memory statistics count host shards as shards: the same bytes as without offload, and
 // the same full parameters at the peak.
 TEST(Offload, MemoryStatsCountTheHostShards) {

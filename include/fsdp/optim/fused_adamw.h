@@ -29,13 +29,13 @@ class FusedAdamW : public torch::optim::AdamW {
 
   // Optimizer-state offload, on its own (FSDP2's CPUOffloadPolicy moves the parameters too, all
   // or nothing; ZeRO-Offload's split): the moments of parameters that live on a device are kept
-  // in host memory (pinned with `pin_memory`, for asynchronous copies), and each step copies
-  // those parameters (this rank's shards) and their gradients to the host, updates them there
-  // with the fused CPU kernel (libtorch's intra-op threads), and copies the parameters back.
-  // Device memory saved: both moments, 8 bytes per fp32 parameter; cost: the copies (host to
-  // host where the parameters are on the host: the same path, for machines without a GPU).
-  // Applies to state created after the call: call it before the first step (state loaded from a
-  // checkpoint stays where it was put).
+  // in host memory, and each step copies those parameters (this rank's shards) and their
+  // gradients to the host (staged in pinned memory with `pin_memory`: asynchronous copies and
+  // one wait per step), updates them there with the fused CPU kernel (libtorch's intra-op
+  // threads), and copies the parameters back asynchronously. Device memory saved: both
+  // moments, 8 bytes per fp32 parameter; cost: the copies (host to host where the parameters
+  // are on the host: the same path, for machines without a GPU). State created on a device
+  // (loaded from a checkpoint beside its parameter) moves to the host at the next step.
   void set_state_offload(bool on, bool pin_memory = true) {
     offload_state_ = on;
     pin_memory_ = pin_memory;
