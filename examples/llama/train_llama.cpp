@@ -14,6 +14,7 @@
 #include "fsdp/models/llama_plan.h"
 #include "llama_options.h"
 #include "loop.h"
+#include "move_unsharded.h"
 #include "trainer_plan.h"
 
 namespace {
@@ -78,7 +79,8 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
       model->to(dist.device);
       for (auto& layer : model->model->layers) shard_layer(0, layer);
     }
-    model->to(dist.device);  // the root's own parameters
+    // The root's own parameters (not the blocks' shards: host memory under --offload all).
+    trainer::move_unsharded(*model, dist.device);
     b.root = fsdp::fully_shard(model, mesh, unit_options(o, /*layer=*/false));
   };
   if (!o.hf_dir.empty()) {

@@ -10,6 +10,7 @@
 #include "fsdp/models/minillm_plan.h"
 #include "loop.h"
 #include "minillm_options.h"
+#include "move_unsharded.h"
 #include "text_data.h"
 #include "trainer_plan.h"
 
@@ -62,7 +63,8 @@ fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distri
     model->to(dist.device);
     for (size_t i = 0; i < model->layers.size(); ++i) shard_block(i, model->layers[i]);
   }
-  model->to(dist.device);  // the root's own parameters
+  // The root's own parameters (not the blocks' shards: host memory under --offload all).
+  trainer::move_unsharded(*model, dist.device);
   auto root = fsdp::fully_shard(model, mesh, root_options(o));
   if (!o.init_from.empty()) fsdp::load_safetensors_sharded(o.init_from, *model, dist.group);
   return root;
