@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Run on a Debian machine before a GPU check: copies the header-only libraries (CLI11,
 # nlohmann-json) and GoogleTest's sources from Debian's packages into .gpu_deps/ (git-ignored),
-# because the GPU machine has no apt and no internet. Carry .gpu_deps with the device run, beside
-# .gpu_bundle (scripts/gpu_prebuild.sh): scripts/gpu_check.sh builds there from these only when
-# the prebuilt programs do not load. (fmt needs no copy: libtorch ships its headers.)
+# because the GPU machine has no apt and no internet, and unpacks the safetensors wheel for its
+# Python 3.12 into .gpu_deps/python (the reference stage writes and reads the initial weights
+# with it; gpu_check.sh puts it on PYTHONPATH only when that python lacks it). Carry .gpu_deps
+# with the device run, beside .gpu_bundle (scripts/gpu_prebuild.sh): scripts/gpu_check.sh builds
+# there from the sources only with GPU_CHECK_BUILD=1. (fmt needs no copy: libtorch ships its
+# headers.)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install_deps.sh"
@@ -12,4 +15,10 @@ rm -rf "$deps"
 mkdir -p "$deps/include"
 cp -r /usr/include/CLI /usr/include/nlohmann "$deps/include/"
 cp -r /usr/src/googletest "$deps/googletest"
+venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
+wheels="$(mktemp -d)"
+"$venv/bin/python" -m pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 \
+  --platform manylinux2014_x86_64 --dest "$wheels" safetensors
+"$venv/bin/python" -m zipfile -e "$wheels"/safetensors-*.whl "$deps/python"
+rm -rf "$wheels"
 echo "gpu_bundle_deps: $(du -sh "$deps" | cut -f1) in $deps"

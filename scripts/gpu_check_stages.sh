@@ -9,12 +9,20 @@ STAGE="${2:-}"
 
 detail() { echo "$*" > "$L/$STAGE.detail"; }
 
-# gtest's verdict line: "12 passed, 0 failed".
+# GPU_CHECK_DRY_RUN=1 (gpu_check.sh's header): the same stages on this machine's CPU.
+if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+  PRESET=cpu-small PY_DEVICE=cpu
+else
+  PRESET=reference PY_DEVICE=cuda
+fi
+
+# gtest's verdict line: "12 passed, 0 failed, 0 skipped" (under FSDP_REQUIRE_GPU a skip fails).
 gtest_counts() {
-  local passed failed
+  local passed failed skipped
   passed="$(grep -oE '\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)"
   failed="$(grep -oE '\[  FAILED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)"
-  echo "${passed:-0} passed, ${failed:-0} failed"
+  skipped="$(grep -oE '\[  SKIPPED \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)"
+  echo "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
 }
 
 free_port() {
@@ -50,10 +58,25 @@ EOF
   local shm_free
   shm_free="$(df --output=avail -B1G /dev/shm 2> /dev/null | tail -1 | tr -d ' ')"
   [ "${shm_free:-0}" -ge 8 ] || init=/tmp/fsdp_gpu_check_init.safetensors
+  # The reference stage writes and reads safetensors; the GPU machine's python may lack the
+  # package: .gpu_deps/python has its wheel unpacked (scripts/gpu_bundle_deps.sh).
+  local pythonpath=""
+  if ! "$PYTHON" -c "import safetensors.torch" 2> /dev/null; then
+    pythonpath="$ROOT/.gpu_deps/python"
+    if PYTHONPATH="$pythonpath" "$PYTHON" -c "import safetensors.torch"; then
+      echo "safetensors: from $pythonpath"
+    else
+      echo "safetensors: missing (the reference stage will fail; run scripts/gpu_bundle_deps.sh)"
+    fi
+  fi
+  local bin="$ROOT/.gpu_bundle/bin"
+  # A dry run without a bundle runs this checkout's own build.
+  [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && [ ! -x "$bin/train_minillm" ] && bin="$ROOT/build/bin"
   {
     echo "export LD_LIBRARY_PATH='$libpath'\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
     echo "export GPU_CHECK_INIT='$init'"
-    echo "export FSDP_GPU_BIN='$ROOT/.gpu_bundle/bin'"
+    echo "export FSDP_GPU_BIN='$bin'"
+    [ -n "$pythonpath" ] && echo "export PYTHONPATH='$pythonpath'\${PYTHONPATH:+:\$PYTHONPATH}"
   } > "$L/env.sh"
   # Whether the prebuilt programs load here: every library found, and they start.
   local bundle="$ROOT/.gpu_bundle" how="no bundle: build there"
@@ -94,15 +117,20 @@ stage_build() {
 
 stage_nccl() {
   STAGE=nccl
-  NCCL_DEBUG=INFO "$FSDP_GPU_BIN/test_cuda" --gtest_filter='NcclGroup.*' 2>&1 |
+  NCCL_DEBUG=INFO timeout 30 "$FSDP_GPU_BIN/test_cuda" --gtest_filter='NcclGroup.*' 2>&1 |
     tee "$L/nccl_gtest.log"
   local rc=${PIPESTATUS[0]}
-  timeout 60 "$FSDP_GPU_BIN/nccl_gpu_fault" > "$L/nccl_fault.log" 2>&1
-  local fault=$?
+  timeout 25 "$FSDP_GPU_BIN/nccl_gpu_fault" > "$L/nccl_fault.log" 2>&1
+  local fault=$? verdict
+  verdict="$([ $fault -eq 0 ] && echo named || echo "NOT named (rc $fault)")"
+  # 77: no GPU to fault, a skip; allowed only in a dry run (FSDP_REQUIRE_GPU makes it 1).
+  if [ "$fault" -eq 77 ] && [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+    fault=0 verdict="skipped (no GPU)"
+  fi
   cat "$L/nccl_fault.log"
   local said
   said="$(grep -m1 "after the fault" "$L/nccl_fault.log" | cut -c1-160)"
-  detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $([ $fault -eq 0 ] && echo named || echo "NOT named (rc $fault)"): $said"
+  detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $verdict${said:+: $said}"
   [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ]
 }
 
@@ -119,19 +147,30 @@ stage_smoke() {
   "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 --data synthetic --batch 8 \
     --metrics-out "$L/smoke_metrics.jsonl"
   local rc=$?
-  detail "$(grep -E "^done" "$L/smoke.log" 2> /dev/null || echo "no summary line")"
+  detail "$(grep -E "^done" "$L/smoke.log" 2> /dev/null ||
+    grep -m1 "error" "$L/smoke.log" | cut -c1-200 || echo "no summary line")"
   return "$rc"
+}
+
+# PyTorch FSDP2 on one rank (py_minillm.py), bf16 compute, fused AdamW: log-name seconds args...
+fsdp2() {
+  local name=$1 secs=$2
+  shift 2
+  (cd "$ROOT/bench/reference" &&
+    timeout "$secs" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 \
+      py_minillm.py --mode fsdp2 --device "$PY_DEVICE" --dtype bf16 --optimizer fused-adamw "$@") \
+    > "$L/$name.log" 2>&1
 }
 
 # The reference preset's initial weights, from PyTorch's own MiniLLM (bench/reference).
 write_init() {
   [ -f "$GPU_CHECK_INIT" ] && return 0
-  (cd "$ROOT/bench/reference" && "$PYTHON" - "$GPU_CHECK_INIT" << 'EOF'
+  (cd "$ROOT/bench/reference" && "$PYTHON" - "$GPU_CHECK_INIT" "$PRESET" << 'EOF'
 import sys, time, torch
 from safetensors.torch import save_file
 from py_minillm import MiniLLM, PRESETS
 t0 = time.time()
-p = PRESETS["reference"]
+p = PRESETS[sys.argv[2]]
 torch.manual_seed(0)
 m = MiniLLM(p["vocab"], p["dim"], p["layers"], p["heads"])
 save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[1])
@@ -143,15 +182,13 @@ EOF
 stage_reference() {
   STAGE=reference
   write_init || { detail "could not write the initial weights"; return 1; }
-  local common=(--preset reference --steps 20 --data synthetic --init-from "$GPU_CHECK_INIT")
-  timeout 100 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 \
+  local common=(--preset "$PRESET" --steps 20 --data synthetic --init-from "$GPU_CHECK_INIT")
+  # The same step on both sides (gpu_check.sh's header): no non-finite check here.
+  timeout 65 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
     --metrics-out "$L/reference_cpp.jsonl" > "$L/reference_cpp.log" 2>&1
   local cpp=$?
   tail -5 "$L/reference_cpp.log"
-  (cd "$ROOT/bench/reference" &&
-    timeout 100 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 py_minillm.py \
-      --mode fsdp2 --device cuda --dtype bf16 --optimizer fused-adamw "${common[@]}") \
-    > "$L/reference_fsdp2.log" 2>&1
+  fsdp2 reference_fsdp2 65 "${common[@]}"
   local py=$?
   tail -3 "$L/reference_fsdp2.log"
   "$PYTHON" - "$L" > "$L/reference.table" << 'EOF'
@@ -197,10 +234,77 @@ EOF
   [ "$cpp" -eq 0 ] && [ "$py" -eq 0 ] && [ "$cmp" -eq 0 ]
 }
 
+stage_offload() {
+  STAGE=offload
+  write_init || { detail "could not write the initial weights"; return 1; }
+  local common=(--preset "$PRESET" --steps 6 --data synthetic --init-from "$GPU_CHECK_INIT")
+  local rc=0 mode
+  for mode in all optimizer; do
+    timeout 24 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
+      --offload "$mode" --metrics-out "$L/offload_${mode}.jsonl" > "$L/offload_${mode}.log" 2>&1 ||
+      rc=1
+    tail -3 "$L/offload_${mode}.log"
+  done
+  fsdp2 offload_fsdp2 24 "${common[@]}" --offload || rc=1
+  tail -3 "$L/offload_fsdp2.log"
+  "$PYTHON" - "$L" > "$L/offload.table" << 'EOF'
+import json, os, re, sys
+L = sys.argv[1]
+def read(name):
+    p = os.path.join(L, name)
+    return open(p).read() if os.path.exists(p) else ""
+def cpp(name):  # tokens/s (the trainer's median), peak device MiB, steps
+    log = read(name + ".log")
+    tps = re.search(r"median ([0-9.]+) tok/s", log)
+    rows = [json.loads(l) for l in read(name + ".jsonl").splitlines() if l.strip()]
+    return (float(tps.group(1)) if tps else 0.0,
+            max((r["peak_mem_bytes"] for r in rows), default=0) / 2**20, len(rows))
+def py(name):
+    log = read(name + ".log")
+    res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", log) or [""])[-1]))
+    steps = len(re.findall(r"^step \d+ loss ", log, re.M))
+    return (float(res.get("tokens_per_s", 0)), float(res.get("peak_mem_mb", 0)), steps)
+def losses(name):
+    return [json.loads(l)["loss"] for l in read(name + ".jsonl").splitlines() if l.strip()]
+# The same weights, data and steps: the losses of the run without offload, to bf16 rounding (the
+# optimizer steps on the CPU's kernel instead of CUDA's).
+base_losses = losses("reference_cpp")
+worst = {}
+for mode in ("all", "optimizer"):
+    got = losses("offload_" + mode)
+    pairs = list(zip(base_losses, got))
+    worst[mode] = max((abs(a - b) / abs(a) for a, b in pairs), default=float("inf"))
+rows = [("fsdp-cpp, no offload (reference stage)", cpp("reference_cpp")),
+        ("fsdp-cpp --offload all", cpp("offload_all")),
+        ("fsdp-cpp --offload optimizer", cpp("offload_optimizer")),
+        ("FSDP2, no offload (reference stage)", py("reference_fsdp2")),
+        ("FSDP2 CPUOffloadPolicy", py("offload_fsdp2"))]
+print(f"{'program':<40} {'tokens/s':>10} {'peak device MiB':>16} {'steps':>6}")
+for name, (t, mem, n) in rows:
+    print(f"{name:<40} {t:>10.0f} {mem:>16.0f} {n:>6}")
+base, full, opt, pbase, pfull = (r[1] for r in rows)
+def ratio(a, b, i):
+    return f"{a[i] / b[i]:.2f}x" if b[i] > 0 else "?"
+line = (f"offload all: {full[0]:.0f} tok/s ({ratio(full, base, 0)} of none), peak {full[1]:.0f} MiB"
+        f" ({ratio(full, base, 1)}) | optimizer: {opt[0]:.0f} tok/s ({ratio(opt, base, 0)}), peak"
+        f" {opt[1]:.0f} MiB ({ratio(opt, base, 1)}) | FSDP2 offload: {pfull[0]:.0f} tok/s, peak"
+        f" {pfull[1]:.0f} MiB | fsdp-cpp/FSDP2 with offload: tok/s {ratio(full, pfull, 0)},"
+        f" memory {ratio(full, pfull, 1)} | losses vs no offload: worst rel diff all"
+        f" {worst['all']:.1e}, optimizer {worst['optimizer']:.1e} (within 1e-2:"
+        f" {'yes' if max(worst.values()) < 1e-2 else 'NO'})")
+open(os.path.join(L, "offload.detail"), "w").write(line + "\n")
+sys.exit(0 if full[2] > 0 and opt[2] > 0 and pfull[2] > 0 and max(worst.values()) < 1e-2
+         else 1)
+EOF
+  local cmp=$?
+  cat "$L/offload.table"
+  [ "$rc" -eq 0 ] && [ "$cmp" -eq 0 ]
+}
+
 stage_profile() {
   STAGE=profile
   write_init || return 1
-  timeout 55 "$FSDP_GPU_BIN/train_minillm" --preset reference --dtype bf16 --steps 4 \
+  timeout 40 "$FSDP_GPU_BIN/train_minillm" --preset "$PRESET" --dtype bf16 --steps 4 \
     --data synthetic --init-from "$GPU_CHECK_INIT" --profile-steps 2:2 \
     --profile-dir "$L/profile"
   local rc=$?
@@ -213,7 +317,7 @@ stage_two_ranks() {
   # Two processes on cuda:0: NCCL refuses two ranks of one host on one GPU, so each names its
   # own host and they talk over loopback sockets.
   local nccl_env=(WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1
-    FSDP_BACKEND=nccl NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1
+    FSDP_BACKEND="$([ "$PY_DEVICE" = cuda ] && echo nccl || echo gloo)" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1
     NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO)
   run_pair() {  # log-prefix seconds program args...
     local prefix=$1 secs=$2 port pids=() rc=0
@@ -227,10 +331,10 @@ stage_two_ranks() {
     for p in "${pids[@]}"; do wait "$p" || rc=$?; done
     return $rc
   }
-  run_pair two_ranks_tests 50 "$FSDP_GPU_BIN/nccl_two_ranks"
+  run_pair two_ranks_tests 45 "$FSDP_GPU_BIN/nccl_two_ranks"
   local tests=$?
   cat "$L/two_ranks_tests_rank0.log"
-  run_pair two_ranks_trainer 35 "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 \
+  run_pair two_ranks_trainer 30 "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 \
     --data synthetic --batch 8 --metrics-out "$L/two_ranks_metrics.jsonl"
   local trainer=$?
   tail -3 "$L/two_ranks_trainer_rank0.log"

@@ -42,6 +42,24 @@ check_bundle() {
   done
   env LD_LIBRARY_PATH="$(wheel_path "$site")" ldd "$bundle/bin/train_minillm" |
     grep -E "fsdp|torch_cuda|nccl|cudart|c10" | sed 's/^/  /'
+  # libtorch_cuda must be a NEEDED entry of libfsdp: a linker with --as-needed drops it when no
+  # symbol of it is referenced, and then CUDA is never registered in the process: every CUDA test
+  # skips and the trainer runs on the CPU, silently.
+  local lib
+  lib="$(ls "$bundle"/lib/libfsdp.so* | head -1)"
+  if objdump -p "$lib" | grep -q "NEEDED.*libtorch_cuda.so"; then
+    echo "== $(basename "$lib") needs libtorch_cuda.so"
+  else
+    echo "== $(basename "$lib") does NOT need libtorch_cuda.so (CUDA would not load there)"
+    bad=1
+  fi
+  # The device tool carries 64 MiB at most, .gpu_bundle and .gpu_deps together.
+  local bytes
+  local carried=("$bundle")
+  [ -d "$root/.gpu_deps" ] && carried+=("$root/.gpu_deps")
+  bytes="$(du -scb "${carried[@]}" | tail -1 | cut -f1)"
+  echo "== carried: $((bytes / 1048576)) MiB (.gpu_bundle + .gpu_deps) of at most 64 MiB"
+  [ "$bytes" -le $((64 * 1048576)) ] || bad=1
   echo "== --help and the test list"
   local help cases
   help="$(env LD_LIBRARY_PATH="$(wheel_path "$site")" "$bundle/bin/train_minillm" --help)" || bad=1
