@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import report_checkpoint  # noqa: E402  (beside this file)
 import report_debug  # noqa: E402
 import report_features  # noqa: E402
+import report_gpu  # noqa: E402
 import report_hsdp  # noqa: E402
 import report_llama  # noqa: E402
 import report_planner  # noqa: E402
@@ -156,6 +157,7 @@ def main():
     lines += report_debug.section(res)
     lines += report_llama.section(res) + report_tiny_units.section(res)
     lines += report_hsdp.section(res) + report_planner.section(res)
+    lines += report_gpu.section(res)
     lines += ["", "## Collectives (float32, busbw = bytes x (n-1)/n / time, as nccl-tests)", ""]
     for name in ("collectives_mpi2.txt", "collectives_mpi4.txt", "collectives_local2.txt"):
         lines += ["```", open(os.path.join(res, name)).read().strip(), "```", ""]
