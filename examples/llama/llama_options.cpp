@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "fsdp/models/llama.h"
+
 namespace llama {
 namespace {
 
@@ -61,6 +63,19 @@ std::string check(const Options& o) {
     if (!exists(t)) return fmt::format("--tokenizer {}: no such file or directory", t);
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
+  if (o.train.tp > 1) {
+    if (!o.export_hf.empty()) {
+      return "--export-hf does not work with --tp yet (the tensor-parallel slices are not "
+             "gathered into whole tensors); train with --tp 1 to export";
+    }
+    if (o.train.plan) return "--plan does not model --tp yet; plan with --tp 1";
+    // The heads must split evenly: refused here, before any rank starts communicating.
+    try {
+      fsdp::models::llama::validate_tp(model_config(o), o.train.tp);
+    } catch (const std::exception& e) {
+      return fmt::format("--tp {}: {}", o.train.tp, e.what());
+    }
+  }
   return "";
 }
 
@@ -116,6 +131,11 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "With --eval-only: write the logits of the first --count validation windows to "
                  "this safetensors file (tensor \"logits\", fp32)");
   app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  app.add_option("--tp", t.tp,
+                 "Tensor parallelism: groups of this many consecutive ranks split every layer's "
+                 "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
+                 "each rank's slices over the world / tp data-parallel ranks")
+      ->capture_default_str();
   // The loop's flags, with the usual choices for language models: AdamW betas (0.9, 0.95),
   // weight decay 0.1, a cosine schedule.
   std::string profile_steps;
@@ -133,7 +153,8 @@ ParseResult parse_options(int argc, char** argv, int world) {
   }
   if (t.plan && t.plan_world > 0) world = t.plan_world;
   t.plan_world = world;
-  t.batch = batch.value_or(8 * world);
+  // 8 sequences per data-parallel rank (the TP ranks of one share theirs).
+  t.batch = batch.value_or(8 * (t.tp >= 1 && world % t.tp == 0 ? world / t.tp : world));
   for (const auto& err : {trainer::finish_train_options(t, profile_steps, world), check(o)}) {
     if (!err.empty()) return {std::nullopt, 2, "error: " + err};
   }

@@ -85,6 +85,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   };
   if (!o.hf_dir.empty()) {
     ll::HfLoadOptions load;
+    load.tp = mesh.tp;
     if (!o.train.init_full_model) load.on_layer_built = shard_layer;
     load.on_model_built = shard_root;
     auto hf = ll::load_hf_model(o.hf_dir, dist.group, load);
@@ -94,6 +95,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     b.config = llama::model_config(o);
     torch::manual_seed(o.train.seed);
     ll::BuildOptions options;
+    options.tp = mesh.tp;
     if (!o.train.init_full_model) options.on_layer_built = shard_layer;
     b.model = ll::build_llama(b.config, options);
     shard_root(b.model);
@@ -137,7 +139,9 @@ trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
 void dump_logits(const Options& o, Built& b, const TokenData& val, const fsdp::Distributed& dist) {
   torch::NoGradGuard no_grad;
   const int64_t n = std::min<int64_t>(o.count, val.count());
-  auto logits = b.root(val.windows(0, n).tokens.to(dist.device)).to(torch::kFloat).cpu();
+  auto logits = b.model->full_logits(b.root(val.windows(0, n).tokens.to(dist.device)))
+                    .to(torch::kFloat)
+                    .cpu();
   if (dist.group->rank() == 0) {
     fsdp::write_safetensors(o.dump_logits, {{"logits", logits.contiguous()}});
     fmt::print("wrote the logits of {} windows to {}\n", n, o.dump_logits);
@@ -149,7 +153,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   fsdp::InitOptions init;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.train.comm_timeout_s * 1000));
   auto dist = fsdp::init_from_launch(launch, init);
-  const auto mesh = fsdp::make_device_mesh(dist.group, o.train.replicas);
+  const auto mesh = fsdp::make_device_mesh(dist.group, o.train.replicas, o.train.tp);
   auto b = build(o, dist, mesh);
   const int64_t vocab = b.config.vocab_size;
   std::unique_ptr<TokenData> train, val;
@@ -164,6 +168,15 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   task.module = b.model.ptr().get();
   task.logits = [&b](const torch::Tensor& tokens) { return b.root(tokens); };
   task.vocab = vocab;
+  if (mesh.tp) {
+    // Loss parallel: the logits stay split over the vocabulary.
+    task.loss = [&b](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return b.model->loss(logits, targets);
+    };
+    auto sliced = ll::tp_slices(b.config, mesh.tp_size(), mesh.tp_index());
+    task.tp_norm = fsdp::TensorParallelNorm{
+        mesh.tp, [sliced](const std::string& name) { return sliced.count(name) > 0; }};
+  }
   task.train = train.get();
   task.validation = val.get();
   task.info = {

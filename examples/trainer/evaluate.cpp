@@ -5,13 +5,15 @@
 namespace trainer {
 
 double validation_loss(const Windows& windows, const LogitsFn& logits, int64_t vocab,
-                       int64_t per_forward, fsdp::ProcessGroup& world, const c10::Device& device) {
+                       int64_t per_forward, fsdp::ProcessGroup& world, const c10::Device& device,
+                       const LossFn& loss_fn, DataShare share) {
   torch::NoGradGuard no_grad;
   const int64_t total = windows.count();
-  const int ranks = world.size();
-  // Rank r's contiguous share: the first total % ranks ranks take one more.
+  if (share.count == 0) share = {world.rank(), world.size()};  // every rank its own share
+  const int ranks = share.count;
+  // Share r's contiguous windows: the first total % ranks shares take one more.
   const int64_t base = total / ranks, extra = total % ranks;
-  const int r = world.rank();
+  const int r = share.index;
   const int64_t first = r * base + std::min<int64_t>(r, extra);
   const int64_t mine = base + (r < extra ? 1 : 0);
   const int64_t most = base + (extra > 0 ? 1 : 0);
@@ -23,12 +25,19 @@ double validation_loss(const Windows& windows, const LogitsFn& logits, int64_t v
     const int64_t n = std::max<int64_t>(0, std::min(per_forward, mine - begin));
     // A rank out of windows still joins the forward's gathers, on a window it ignores.
     auto batch = n > 0 ? windows.windows(first + begin, n) : windows.windows(0, 1);
-    auto out = logits(batch.tokens.to(device)).to(torch::kFloat);
-    if (n == 0) continue;
-    auto loss = torch::nn::functional::cross_entropy(
-        out.reshape({-1, vocab}), batch.targets.to(device).reshape(-1),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    sum += loss.item<double>();
+    auto out = logits(batch.tokens.to(device));
+    if (loss_fn) {
+      // Collective under tensor parallelism: every rank computes it, even on an ignored window.
+      auto mean = loss_fn(out, batch.targets.to(device));
+      if (n == 0) continue;
+      sum += mean.item<double>() * static_cast<double>(batch.targets.numel());
+    } else {
+      if (n == 0) continue;
+      auto loss = torch::nn::functional::cross_entropy(
+          out.to(torch::kFloat).reshape({-1, vocab}), batch.targets.to(device).reshape(-1),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      sum += loss.item<double>();
+    }
     predictions += batch.targets.numel();
   }
   auto totals = torch::tensor({sum, static_cast<double>(predictions)},

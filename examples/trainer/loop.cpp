@@ -120,10 +120,12 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
   for (int k = 0; k < o.grad_accum; ++k) {
     task.root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
     auto logits = task.logits(batch.tokens.narrow(0, k * micro, micro).to(device));
-    auto loss = torch::nn::functional::cross_entropy(
-                    logits.reshape({-1, task.vocab}).to(torch::kFloat),
-                    batch.targets.narrow(0, k * micro, micro).to(device).reshape(-1)) /
-                o.grad_accum;
+    auto targets = batch.targets.narrow(0, k * micro, micro).to(device);
+    auto loss =
+        (task.loss ? task.loss(logits, targets)
+                   : torch::nn::functional::cross_entropy(
+                         logits.reshape({-1, task.vocab}).to(torch::kFloat), targets.reshape(-1))) /
+        o.grad_accum;
     loss.backward();
     loss_sum += loss.detach();
   }
@@ -133,6 +135,14 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
 // The gradient norm the step needs: clipped (--clip-grad-norm), or only measured for the
 // non-finite guard; 0 when neither.
 double grad_norm_of(const TrainOptions& o, Task& task) {
+  if (task.tp_norm) {
+    // Under tensor parallelism the norm spans the TP slices too, the same on every rank (a
+    // verdict that differed between TP ranks would desynchronise them).
+    if (o.clip_grad_norm > 0)
+      return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, *task.tp_norm);
+    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, *task.tp_norm);
+    return 0;
+  }
   if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm);
   if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root);
   return 0;
@@ -143,7 +153,9 @@ double grad_norm_of(const TrainOptions& o, Task& task) {
 int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
                  const fsdp::DeviceMesh& mesh) {
   const int rank = dist.group->rank();
-  const int64_t local_batch = o.batch / dist.group->size();
+  // Each data-parallel rank its part of the batch; the TP ranks of one share it.
+  const DataShare share{mesh.dp_index(), mesh.dp_size()};
+  const int64_t local_batch = o.batch / share.count;
   const int64_t startup_peak = fsdp::host_peak_rss_bytes();
   auto opt = make_optimizer(o, *task.module);
   Reporter report(o, dist, task.info);
@@ -152,7 +164,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   auto validate = [&](int steps_done) {
     if (!task.validation) return;
     const double loss = validation_loss(*task.validation, task.logits, task.vocab, o.eval_batch,
-                                        *dist.group, dist.device);
+                                        *dist.group, dist.device, task.loss, share);
     report.validation(steps_done, loss, task.validation->count());
   };
 
@@ -165,7 +177,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   int skipped = 0;  // steps skipped by --nonfinite skip
   std::vector<fsdp::CollectiveStats> profile_stats_before;
   for (int step = start; step < o.steps; ++step) {
-    auto batch = task.train->slice(step, rank * local_batch, local_batch);
+    auto batch = task.train->slice(step, share.index * local_batch, local_batch);
     if (step == o.profile_first) {
       profile_comm_before = task.root.comm_stats().exposed_seconds;
       profile_stats_before = group_stats(mesh);

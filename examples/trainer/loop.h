@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "data.h"
@@ -18,7 +19,10 @@ struct Task {
   fsdp::FSDPModule root;      // the sharded model's root unit
   torch::nn::Module* module;  // its module: state dicts, checkpoints
   LogitsFn logits;            // tokens [B, L] -> logits [B, L, vocab], through the root
+  LossFn loss;                // the model's loss over those logits; null: cross-entropy
   int64_t vocab = 0;
+  // Tensor parallelism: which parameters hold slices, for the global gradient norm.
+  std::optional<fsdp::TensorParallelNorm> tp_norm;
   const Dataset* train = nullptr;
   const Windows* validation = nullptr;  // null: no validation
   ModelInfo info;

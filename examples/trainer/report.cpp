@@ -43,23 +43,32 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
   if (!lead_) return;
   const int world = dist_.group->size();
   const std::string backend = dist_.group->backend_name();
+  const int dp = world / o_.tp;
+  std::string layout;
+  if (o_.tp > 1) {
+    layout = o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards x tp {}", o_.replicas,
+                                           dp / o_.replicas, o_.tp)
+                             : fmt::format(" as dp {} x tp {}", dp, o_.tp);
+  } else if (o_.replicas > 1) {
+    layout = fmt::format(" as {} replicas x {} shards (hybrid sharding)", o_.replicas,
+                         world / o_.replicas);
+  }
   fmt::print("{} | world {}{} | backend {}{} | device {} | dtype {}{}\n", model_.name, world,
-             o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards (hybrid sharding)",
-                                           o_.replicas, world / o_.replicas)
-                             : "",
-             backend, backend == "nccl" ? " " + fsdp::nccl_version() : "", dist_.device.str(),
-             o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "");
+             layout, backend, backend == "nccl" ? " " + fsdp::nccl_version() : "",
+             dist_.device.str(), o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "");
   fmt::print("model: {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n", model_.sizes, o_.seq,
              model_.parameters / 1e6, mib(model_.parameters * 4));
   fmt::print(
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
       "(ZeRO-3: 16 bytes/param / {})\n",
-      mib(shard_bytes), mib(3 * shard_bytes), world / o_.replicas);
+      mib(shard_bytes), mib(3 * shard_bytes),
+      o_.tp > 1 ? fmt::format("{} after / tp {}", dp / o_.replicas, o_.tp)
+                : fmt::format("{}", world / o_.replicas));
   fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",
              o_.init_full_model ? "whole model, then sharded" : "each block sharded as it is built",
              mib(startup_peak));
-  fmt::print("data: {} | global batch {} sequences ({} per rank{}) | {} steps{}\n", data, o_.batch,
-             o_.batch / world,
+  fmt::print("data: {} | global batch {} sequences ({} per {}rank{}) | {} steps{}\n", data,
+             o_.batch, o_.batch / dp, o_.tp > 1 ? "data-parallel " : "",
              o_.grad_accum > 1 ? fmt::format(" in {} micro-batches{}", o_.grad_accum,
                                              o_.grad_accum_sync ? ", reduced each" : "")
                                : "",

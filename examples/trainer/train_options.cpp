@@ -145,17 +145,36 @@ std::string check(const TrainOptions& o, int world) {
                    positive(o.steps, "--steps"), positive(o.eval_batch, "--eval-batch")}) {
     if (!err.empty()) return err;
   }
-  if (o.batch % world != 0) {
+  if (o.tp < 1 || world % o.tp != 0) {
     return fmt::format(
-        "--batch is the global batch in sequences and must split evenly over the {} ranks: "
-        "{} does not divide by {} (use a multiple of {})",
-        world, o.batch, world, world);
+        "--tp {} must divide the world of {} ranks (each group of --tp consecutive ranks splits "
+        "the model's matmuls; the world / tp groups see different batches)",
+        o.tp, world);
   }
-  if (o.replicas < 1 || o.replicas > world || world % o.replicas != 0) {
+  // The data-parallel ranks: each sees its own part of the batch (the TP ranks of one share it).
+  const int dp = world / o.tp;
+  const std::string over =
+      o.tp > 1 ? fmt::format("{} data-parallel ranks (world {} / --tp {})", dp, world, o.tp)
+               : fmt::format("{} ranks", dp);
+  if (o.batch % dp != 0) {
     return fmt::format(
-        "--replicas {} must divide the world of {} ranks (each replica is sharded over world / "
-        "replicas ranks)",
-        o.replicas, world);
+        "--batch is the global batch in sequences and must split evenly over the {}: {} does "
+        "not divide by {} (use a multiple of {})",
+        over, o.batch, dp, dp);
+  }
+  if (o.replicas < 1 || o.replicas > dp || dp % o.replicas != 0) {
+    if (o.tp == 1) {
+      return fmt::format(
+          "--replicas {} must divide the world of {} ranks (each replica is sharded over world / "
+          "replicas ranks)",
+          o.replicas, world);
+    }
+    return fmt::format("--replicas {} must divide the {} (each replica is sharded over the rest)",
+                       o.replicas, over);
+  }
+  if (o.tp > 1 && (!o.save_dir.empty() || o.resume)) {
+    return "--save-dir and --resume do not work with --tp yet (checkpoints of tensor-parallel "
+           "slices are not written); train without them, or with --tp 1";
   }
   if (o.plan_ranks_per_host < 0 ||
       (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
@@ -168,11 +187,11 @@ std::string check(const TrainOptions& o, int world) {
   if (o.grad_accum < 1) {
     return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
   }
-  if ((o.batch / world) % o.grad_accum != 0) {
+  if ((o.batch / dp) % o.grad_accum != 0) {
     return fmt::format(
         "--grad-accum {} must divide the {} sequences each rank trains on per step (--batch {} "
-        "over {} ranks)",
-        o.grad_accum, o.batch / world, o.batch, world);
+        "over {})",
+        o.grad_accum, o.batch / dp, o.batch, over);
   }
   if (!(o.lr > 0) || !std::isfinite(o.lr))
     return fmt::format("--lr must be positive, got {}", o.lr);

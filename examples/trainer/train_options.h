@@ -18,6 +18,7 @@ struct TrainOptions {
   std::string dtype = "fp32";  // fp32 | bf16 (bf16 compute, fp32 reduce and master shards)
   int threads = 0;             // intra-op threads per rank; 0: cores / local ranks
   double comm_timeout_s = 60;  // a collective waiting longer fails the run
+  int tp = 1;                  // tensor parallelism (train_llama --tp): ranks splitting each matmul
   int replicas = 1;  // hybrid sharding: model replicas, each sharded over world / replicas ranks
   bool reshard_after_forward = true;
   bool activation_checkpointing = false;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <tuple>
 #include <unordered_map>
 
 #include "fsdp/checkpoint/export.h"
@@ -25,8 +26,33 @@ using detail::shape_str;
 // The problems of `tensors` against the model's state dict, and what each rank reads.
 struct Checked {
   std::vector<std::string> problems;
-  std::vector<std::pair<const ShardedTensor*, const SafetensorsLocation*>> to_read;
+  std::vector<std::tuple<std::string, const ShardedTensor*, const SafetensorsLocation*>> to_read;
 };
+
+// The shape a file must hold for a parameter: the full tensor of its TP slice, else its own.
+std::vector<int64_t> file_shape(const std::string& name, const ShardedTensor& s,
+                                const ShardedLoadOptions& options) {
+  auto it = options.slices.find(name);
+  return it == options.slices.end() ? s.global_shape : it->second.full;
+}
+
+// This rank's rows of a parameter from its file: the shard's rows of the parameter, which under
+// tensor parallelism are rows of this rank's slice of the file's tensor.
+at::Tensor read_rows(const std::string& name, const ShardedTensor& s,
+                     const SafetensorsLocation& where, const ShardedLoadOptions& options) {
+  auto it = options.slices.find(name);
+  if (it == options.slices.end()) {
+    return read_safetensors_rows(where.file, where.entry, s.row_offset, s.row_offset + s.rows());
+  }
+  const tp::TpSlice& slice = it->second;
+  if (slice.dim == 0) {
+    const int64_t first = slice.chunk.offset + s.row_offset;
+    return read_safetensors_rows(where.file, where.entry, first, first + s.rows());
+  }
+  // Columns: the shard's rows whole, then this rank's columns of them.
+  return read_safetensors_rows(where.file, where.entry, s.row_offset, s.row_offset + s.rows())
+      .narrow(slice.dim, slice.chunk.offset, slice.chunk.length);
+}
 
 Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& model,
               const ShardedStateDict& state, const ShardedLoadOptions& options) {
@@ -45,16 +71,16 @@ Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& mode
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, s] : state) {
     auto it = tensors.find(name);
+    const auto expected = file_shape(name, s, options);
     if (it == tensors.end()) {
       if (!options.unreadable.count(name))
-        missing.push_back(fmt::format("'{}' {}", name, shape_str(s.global_shape)));
+        missing.push_back(fmt::format("'{}' {}", name, shape_str(expected)));
       continue;
     }
     const SafetensorsEntry& e = it->second.entry;
-    if (e.shape != s.global_shape) {
+    if (e.shape != expected) {
       out.problems.push_back(fmt::format("tensor '{}' has shape {} in {}; the model's is {}", name,
-                                         shape_str(e.shape), it->second.file,
-                                         shape_str(s.global_shape)));
+                                         shape_str(e.shape), it->second.file, shape_str(expected)));
     } else if (s.local.is_floating_point() && !at::isFloatingType(e.dtype)) {
       out.problems.push_back(
           fmt::format("'{}' is {} in {}; expected a floating dtype (F32, BF16, "
@@ -65,7 +91,7 @@ Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& mode
                                          c10::toString(e.dtype), it->second.file,
                                          c10::toString(s.local.scalar_type())));
     } else {
-      out.to_read.emplace_back(&s, &it->second);
+      out.to_read.emplace_back(name, &s, &it->second);
     }
   }
   if (!missing.empty()) {
@@ -76,11 +102,11 @@ Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& mode
     auto alias = alias_of.find(name);
     if (alias == alias_of.end()) {
       unexpected.push_back(fmt::format("'{}' (in {})", name, where.file));
-    } else if (where.entry.shape != by_name.at(alias->second)->global_shape) {
+    } else if (const auto want = file_shape(alias->second, *by_name.at(alias->second), options);
+               where.entry.shape != want) {
       out.problems.push_back(fmt::format("'{}' has shape {} in {}; it is the model's '{}' of {}",
                                          name, shape_str(where.entry.shape), where.file,
-                                         alias->second,
-                                         shape_str(by_name.at(alias->second)->global_shape)));
+                                         alias->second, shape_str(want)));
     }
   }
   if (!unexpected.empty()) {
@@ -112,10 +138,9 @@ void load_safetensors_sharded(const SafetensorsLocations& tensors, torch::nn::Mo
     auto& problems = checked.problems;
     if (problems.empty()) {
       // s->local is the live parameter (this rank's rows): staged, copied after agreement.
-      for (const auto& [s, where] : checked.to_read) {
-        auto rows = read_safetensors_rows(where->file, where->entry, s->row_offset,
-                                          s->row_offset + s->rows());
-        staged.emplace_back(s->local, rows.view(s->local.sizes()));
+      for (const auto& [name, s, where] : checked.to_read) {
+        auto rows = read_rows(name, *s, *where, options);
+        staged.emplace_back(s->local, rows.reshape(s->local.sizes()));
       }
     }
     if (problems.size() == 1) throw CheckpointError(problems[0]);

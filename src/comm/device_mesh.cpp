@@ -40,6 +40,32 @@ DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas) {
   return mesh;
 }
 
+DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas, int tp) {
+  FSDP_CHECK_ARG(world != nullptr, "make_device_mesh: the world group is null");
+  const int n = world->size();
+  FSDP_CHECK_ARG(tp >= 1 && tp <= n && n % tp == 0,
+                 "make_device_mesh: a tensor-parallel degree of {} does not divide a world of {} "
+                 "ranks; expected one of {}",
+                 tp, n, fmt::join(divisors(n), ", "));
+  if (tp == 1) return make_device_mesh(world, replicas);
+  const int dp = n / tp;
+  FSDP_CHECK_ARG(replicas >= 1 && dp % replicas == 0,
+                 "make_device_mesh: {} replicas do not divide the {} data-parallel ranks of a "
+                 "world of {} at a tensor-parallel degree of {}; expected one of {}",
+                 replicas, dp, n, tp, fmt::join(divisors(dp), ", "));
+  const int shards = dp / replicas;
+  const int r = world->rank();
+  const int t = r % tp, d = r / tp;  // (dp, tp) row-major; d = replica * shards + shard
+  DeviceMesh mesh;
+  mesh.world = world;
+  mesh.tp = world->split(d);
+  // Colors: ranks of one replica with the same TP index shard together; ranks with the same
+  // shard index and TP index replicate.
+  mesh.shard = world->split((d / shards) * tp + t);
+  if (replicas > 1) mesh.replicate = world->split((d % shards) * tp + t);
+  return mesh;
+}
+
 DeviceMesh make_device_mesh(const ProcessGroupPtr& world, const ProcessGroupPtr& shard,
                             const ProcessGroupPtr& replicate) {
   FSDP_CHECK_ARG(world != nullptr, "make_device_mesh: the world group is null");
@@ -68,13 +94,13 @@ DeviceMesh make_device_mesh(const ProcessGroupPtr& world, const ProcessGroupPtr&
                      (!replicate || replicate->device_type() == world->device_type()),
                  "make_device_mesh: the groups must share the world's device type ({})",
                  c10::DeviceTypeName(world->device_type(), true));
-  DeviceMesh mesh{world, shard, mine_replicas > 1 ? replicate : nullptr};
+  DeviceMesh mesh{world, shard, mine_replicas > 1 ? replicate : nullptr, nullptr};
   return mesh;
 }
 
 DeviceMesh flat_mesh(const ProcessGroupPtr& pg) {
   FSDP_CHECK_ARG(pg != nullptr, "flat_mesh: the process group is null");
-  return DeviceMesh{pg, pg, nullptr};
+  return DeviceMesh{pg, pg, nullptr, nullptr};
 }
 
 }  // namespace fsdp

@@ -113,20 +113,28 @@ double global_norm(const std::vector<at::Tensor>& params, const ProcessGroupPtr&
 }
 
 // The global norm of a model's gradients (clip_grad.h): shards over their group, whole
-// parameters once (each rank adds 1/size of its own part, so equal copies count once).
+// parameters once (each rank adds 1/size of its own part, so equal copies count once). Under
+// tensor parallelism (`tp` non-null) the same over each TP rank's slices, then combined over
+// the TP group, where parameters equal on every TP rank add 1/size of their part.
 double model_norm(const FSDPModule& model, double norm_type, const char* what,
-                  std::vector<at::Tensor>& grads) {
+                  std::vector<at::Tensor>& grads, const TensorParallelNorm* tp = nullptr) {
   check_norm_type(norm_type, what);
   FSDP_CHECK_ARG(model.nn_module() != nullptr, "{}: the module is empty", what);
+  FSDP_CHECK_ARG(!tp || (tp->group && tp->sliced),
+                 "{}: the tensor-parallel group or its "
+                 "predicate is null",
+                 what);
   c10::NoGradGuard no_grad;
   const bool inf = std::isinf(norm_type);
-  std::vector<at::Tensor> sharded, whole;
+  // [sliced over TP?][sharded by a unit?]
+  std::vector<at::Tensor> parts[2][2];
   ProcessGroupPtr group;
   for (const auto& [name, s] : parameter_gradient_shards(*model.nn_module())) {
     if (!s.local.grad().defined()) continue;
     grads.push_back(s.local.grad());
+    const int sliced = tp && tp->group->size() > 1 && tp->sliced(name) ? 1 : 0;
     if (s.replicated) {
-      whole.push_back(s.local.grad());
+      parts[sliced][0].push_back(s.local.grad());
       continue;
     }
     FSDP_CHECK_ARG(!group || group == s.shard_group || group->size() == s.shard_group->size(),
@@ -134,19 +142,25 @@ double model_norm(const FSDPModule& model, double norm_type, const char* what,
                    "{} ranks); clip each group's parameters with the (params, group) form",
                    what, group->size(), s.shard_group->size());
     if (!group) group = s.shard_group;
-    sharded.push_back(s.local.grad());
+    parts[sliced][1].push_back(s.local.grad());
   }
   const auto device = grads.empty() ? at::Device(at::kCPU) : grads.front().device();
-  at::Tensor mine = local_part(sharded, norm_type, device);
-  if (!group)
-    return finish_norm(
-        mine.cpu().item<double>() + local_part(whole, norm_type, device).cpu().item<double>(),
-        norm_type);
-  if (!whole.empty()) {
-    auto w = local_part(whole, norm_type, device);
-    mine = inf ? at::maximum(mine, w) : mine + w / group->size();
-  }
-  return finish_norm(combine(mine, *group, norm_type), norm_type);
+  // This TP rank's part: summed (or maxed) over the unit's group, whole parameters 1/size each.
+  auto over_units = [&](int sliced) {
+    at::Tensor mine = local_part(parts[sliced][1], norm_type, device);
+    const auto whole = local_part(parts[sliced][0], norm_type, device);
+    if (!group) return mine.cpu().item<double>() + whole.cpu().item<double>();
+    if (!parts[sliced][0].empty())
+      mine = inf ? at::maximum(mine, whole) : mine + whole / group->size();
+    return combine(mine, *group, norm_type);
+  };
+  if (!tp || tp->group->size() == 1) return finish_norm(over_units(0), norm_type);
+  const double sliced = over_units(1), equal = over_units(0);
+  // A NaN on either side stays NaN (std::max would drop it).
+  const double mine = !inf ? sliced + equal / tp->group->size()
+                           : (std::isnan(equal) || equal > sliced ? equal : sliced);
+  auto part = at::full({1}, mine, at::TensorOptions().dtype(at::kDouble));
+  return finish_norm(combine(part, *tp->group, norm_type), norm_type);
 }
 
 double clip_with(const std::vector<at::Tensor>& grads, double total, double max_norm,
@@ -202,6 +216,19 @@ double clip_grad_norm_(const FSDPModule& model, double max_norm, double norm_typ
   check_max_norm(max_norm);
   std::vector<at::Tensor> grads;
   const double total = model_norm(model, norm_type, "clip_grad_norm_", grads);
+  return clip_with(grads, total, max_norm, norm_type, error_if_nonfinite);
+}
+
+double total_grad_norm(const FSDPModule& model, const TensorParallelNorm& tp, double norm_type) {
+  std::vector<at::Tensor> grads;
+  return model_norm(model, norm_type, "total_grad_norm", grads, &tp);
+}
+
+double clip_grad_norm_(const FSDPModule& model, double max_norm, const TensorParallelNorm& tp,
+                       double norm_type, bool error_if_nonfinite) {
+  check_max_norm(max_norm);
+  std::vector<at::Tensor> grads;
+  const double total = model_norm(model, norm_type, "clip_grad_norm_", grads, &tp);
   return clip_with(grads, total, max_norm, norm_type, error_if_nonfinite);
 }
 

@@ -23,11 +23,12 @@ LAYERS = {
     "io": {"util"},
     "data": {"util", "io"},
     "launch": {"util", "comm"},
+    "parallel": {"util", "comm"},  # tensor parallelism's collectives and loss
     "runtime": {"util", "comm", "detail"},
     "optim": {"util", "comm", "runtime"},
-    "checkpoint": {"util", "comm", "io", "runtime"},
+    "checkpoint": {"util", "comm", "io", "parallel", "runtime"},
     "tools": {"util", "runtime"},
-    "models": {"comm", "io", "data", "runtime", "checkpoint", "optim", "tools"},
+    "models": {"comm", "io", "data", "parallel", "runtime", "checkpoint", "optim", "tools"},
 }
 # Layers that see some layers (None: every other) through their public headers only
 # (include/fsdp/): the models library builds as a user's would, and checkpoints, optimizer

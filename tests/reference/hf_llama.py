@@ -13,8 +13,8 @@ can be checked against the real outside programs.
   python hf_llama.py fsdp2-grads --hf-dir DIR --data-tokens train.bin [--world 2] [--seq 32] [--batch 8]
   python hf_llama.py train --hf-dir DIR --data-tokens train.bin --seq 32 --batch 8 --steps 10 \
       --lr 1e-2 [--warmup 0] [--lr-schedule cosine|constant] [--lr-min 0] [--weight-decay 0.1] \
-      [--seed 0] [--world W] [--mode local|fsdp2|ddp] [--metrics-out F] [--save-final DIR] \
-      [--val-tokens val.bin --eval-every N]
+      [--seed 0] [--world W] [--mode local|fsdp2|ddp] [--tp T] [--metrics-out F] \
+      [--save-final DIR] [--val-tokens val.bin --eval-every N]
 
 The contract (shared with train_llama):
 - Token files are nanoGPT's raw format: little-endian uint16 ids (uint32 with --tokens-dtype uint32).
@@ -22,7 +22,8 @@ The contract (shared with train_llama):
   draw = splitmix64 nested (draw() below); inputs tokens[start:start+seq], targets shifted by one.
   Rank r of W takes sequences [r*B/W, (r+1)*B/W).
 - Loss: cross entropy on fp32 logits, the mean over the rank's predictions; gradients averaged over
-  ranks (so the global mean). The printed loss is the mean over ranks.
+  ranks (so the global mean). The printed loss is the mean over ranks. With --tp T the ranks form a
+  (W / T, T) mesh: data-parallel rank r // T takes sequences as rank r // T of W / T above.
 - AdamW(fused=True, betas=(0.9, 0.95), eps=1e-8); weight decay only on parameters with dim >= 2;
   groups in named_parameters() order, the decay group first.
 - LR of step s: warmup lr*(s+1)/warmup for s < warmup, then constant lr or cosine
@@ -41,7 +42,7 @@ Models compute in fp32 whatever the stored dtype. make-tiny draws every weight f
 loader bug could hide behind, and writes rope_theta both in transformers 5's rope_parameters and at
 the top level of config.json (mlx_lm's llama reads only the latter).
 """
-import argparse, json, math, os, shutil, sys, time
+import argparse, contextlib, json, math, os, shutil, sys, time
 
 import numpy as np
 import torch
@@ -337,6 +338,31 @@ def init_gloo(rank, world, port):
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
+def apply_tensor_parallel(model, tp_mesh):
+    """PyTorch's own tensor parallelism on transformers' LlamaForCausalLM, as TorchTitan's Llama
+    plan (and transformers' base_model_tp_plan): q, k, v, gate, up column-wise, o and down
+    row-wise; the embedding row-wise over the vocabulary; the head column-wise with its logits
+    left sharded over the vocabulary for loss_parallel. The heads each rank computes are whole
+    (transformers' attention reshapes with -1 heads)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    tied = model.config.tie_word_embeddings
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    })
+    if tied:  # parallelize_module made two parameters of the one tensor: the same placement
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        })
+
+
 def train_worker(rank, world, a, done):
     import torch.distributed as dist
     torch.set_num_threads(a.threads)
@@ -351,10 +377,19 @@ def train_worker(rank, world, a, done):
     if val_tokens is not None:
         check_vocab(val_tokens, vocab, a.val_tokens)
     named = list(model.named_parameters())  # names and order before wrapping
+    dp_world, dp_rank = world // a.tp, rank // a.tp  # the TP ranks of one dp rank share a batch
+    loss_context = contextlib.nullcontext
     if a.mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        if a.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+            mesh2 = init_device_mesh("cpu", (dp_world, a.tp), mesh_dim_names=("dp", "tp"))
+            apply_tensor_parallel(model, mesh2["tp"])
+            mesh = mesh2["dp"]
+            loss_context = loss_parallel
+        else:
+            mesh = init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -364,7 +399,7 @@ def train_worker(rank, world, a, done):
         named = list(model.module.named_parameters())
     opt = torch.optim.AdamW(param_groups(named, a.weight_decay), lr=a.lr, betas=(0.9, 0.95),
                             eps=1e-8, fused=True)
-    per_rank = a.batch // world
+    per_rank = a.batch // dp_world
     metrics = open(a.metrics_out, "w") if a.metrics_out and rank == 0 else None
 
     def emit(line, record):
@@ -380,12 +415,15 @@ def train_worker(rank, world, a, done):
         lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr_schedule, a.lr_min)
         for g in opt.param_groups:
             g["lr"] = lr
-        inputs, targets = batch_rows(tokens, a.seed, step, rank * per_rank, per_rank, a.seq)
+        inputs, targets = batch_rows(tokens, a.seed, step, dp_rank * per_rank, per_rank, a.seq)
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
-        loss.backward()
+        with loss_context():
+            logits = model(input_ids=inputs, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
+            loss.backward()
         opt.step()
+        if hasattr(loss, "full_tensor"):  # a DTensor under loss_parallel
+            loss = loss.full_tensor()
         reported = loss.detach().clone()
         if distributed:
             dist.all_reduce(reported, op=dist.ReduceOp.SUM)  # gloo has no AVG
@@ -468,6 +506,13 @@ def cmd_train(a):
         a.mode = "local" if a.world == 1 else "fsdp2"
     if a.mode == "local" and a.world != 1:
         raise Fail("--mode local runs one process: use --mode fsdp2 or ddp for --world > 1")
+    if a.tp < 1 or a.world % a.tp or a.batch % (a.world // a.tp):
+        raise Fail(f"--tp {a.tp} must divide --world {a.world}, and the data-parallel ranks "
+                   f"(world / tp) the global --batch {a.batch}")
+    if a.tp > 1 and (a.val_tokens or a.save_final):
+        raise Fail("--tp trains only here: no --val-tokens or --save-final")
+    if a.tp > 1 and a.mode != "fsdp2":
+        raise Fail("--tp needs --mode fsdp2 (PyTorch's tensor parallelism under fully_shard)")
     if a.port is None:
         a.port = 20000 + os.getpid() % 20000
     if "RANK" in os.environ:  # under torchrun or scripts/launch.sh
@@ -674,6 +719,9 @@ def parser():
     t.add_argument("--eval-batch", type=int, default=8)
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     t.add_argument("--port", type=int, help="gloo rendezvous port (default from the pid)")
+    t.add_argument("--tp", type=int, default=1,
+                   help="tensor parallelism (fsdp2 only): PyTorch's parallelize_module on a "
+                        "(world / tp, tp) mesh, loss_parallel")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("fsdp2-grads", help="FSDP2 on gloo: are gradients averaged over ranks? "

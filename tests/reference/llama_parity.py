@@ -6,11 +6,14 @@ must move. --check logits instead compares the logits of the first validation wi
 
   python llama_parity.py --cpp build/bin/train_llama --world 2 [--tied] \
       [--launcher mpi|gloo|none] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
+  python llama_parity.py --cpp build/bin/train_llama --world 4 --tp 2 [--kv-heads 4]
   python llama_parity.py --cpp build/bin/train_llama --check logits [--count 4]
   python llama_parity.py --cpp-standin --world 2       self-test: no C++ binary (see below)
 
 The reference is hf_llama.py train: FSDP2 (fully_shard on every decoder layer, then the root) over
-gloo at --world ranks, one plain process at world 1 (--ref-world / --ref-mode choose otherwise).
+gloo at --world ranks, one plain process at world 1 (--ref-world / --ref-mode choose otherwise);
+with --tp T, PyTorch's own tensor parallelism (parallelize_module with TorchTitan's Llama plan,
+loss_parallel) under fully_shard on init_device_mesh("cpu", (world / T, T)), and train_llama --tp T.
 The C++ side runs as
   train_llama --hf-dir --data-tokens --seq --batch --steps --lr --warmup --lr-schedule
               --weight-decay --seed --threads=1 --optimizer=fused-adamw --metrics-out
@@ -79,14 +82,15 @@ def launch(a, program):
 
 
 def check_losses(a, tmp, hf_dir, train, val, env):
-    common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}",
+    common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}", f"--tp={a.tp}",
               f"--batch={a.batch}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
               f"--lr-schedule={a.lr_schedule}", f"--weight-decay={a.weight_decay}", f"--seed={a.seed}"]
     ref_metrics = os.path.join(tmp, "reference.jsonl")
     ref_mode = a.ref_mode or ("local" if a.ref_world == 1 else "fsdp2")
-    run([sys.executable, HF_LLAMA, "train", *common, f"--world={a.ref_world}", f"--mode={ref_mode}",
+    ref_common = [c for c in common if not c.startswith("--tp=")] + [f"--tp={a.ref_tp}"]
+    run([sys.executable, HF_LLAMA, "train", *ref_common, f"--world={a.ref_world}", f"--mode={ref_mode}",
          f"--metrics-out={ref_metrics}", f"--port={20000 + os.getpid() % 20000}"], env, "RESULT ")
-    ref_name = f"transformers {ref_mode} x{a.ref_world}"
+    ref_name = f"transformers {ref_mode} x{a.ref_world}" + (f" tp {a.ref_tp}" if a.ref_tp > 1 else "")
 
     other_metrics = os.path.join(tmp, "other.jsonl")
     if a.cpp_standin:
@@ -95,7 +99,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
              f"--mode={a.standin_mode}", f"--metrics-out={other_metrics}",
              f"--port={20000 + (os.getpid() + 7919) % 20000}"], env, "RESULT ")
     else:
-        other_name = f"fsdp-cpp x{a.world}"
+        other_name = f"fsdp-cpp x{a.world}" + (f" tp {a.tp}" if a.tp > 1 else "")
         run(launch(a, [a.cpp, *common, "--threads=1", "--optimizer=fused-adamw",
                        f"--metrics-out={other_metrics}"]), env)
     want, got = read_metrics(ref_metrics, ref_name), read_metrics(other_metrics, other_name)
@@ -175,6 +179,12 @@ def main():
     p.add_argument("--check", choices=["losses", "logits"], default="losses")
     p.add_argument("--world", type=int, default=1)
     p.add_argument("--tied", action="store_true", help="tie lm_head to the embedding")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor parallelism: train_llama --tp, and the reference PyTorch's "
+                        "parallelize_module + fully_shard on a (world / tp, tp) mesh")
+    p.add_argument("--ref-tp", type=int, help="the reference's TP degree (default: --tp)")
+    p.add_argument("--kv-heads", type=int, default=SIZES["kv_heads"],
+                   help="key/value heads of the tiny model (4 for --tp 4)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch", type=int, default=8, help="the global batch (sequences per step)")
     p.add_argument("--lr", type=float, default=1e-2)
@@ -195,12 +205,18 @@ def main():
     p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
                    help="mpiexec and its flags (last option)")
     a = p.parse_args()
-    if a.world < 1 or a.batch % a.world:
-        p.error(f"--world must divide the global batch {a.batch} (--batch)")
+    if a.ref_tp is None:
+        a.ref_tp = a.tp
+    for world, tp, flag in [(a.world, a.tp, "--tp"), (a.ref_world or a.world, a.ref_tp, "--ref-tp")]:
+        if tp < 1 or world % tp or a.batch % (world // tp):
+            p.error(f"{flag} {tp} must divide the world {world}, and world / tp the global batch "
+                    f"{a.batch}")
+    if a.world < 1:
+        p.error("--world must be positive")
     if a.ref_world is None:
         a.ref_world = 1 if a.cpp_standin else a.world
-    if a.batch % a.ref_world:
-        p.error(f"--ref-world must divide the global batch {a.batch} (--batch)")
+    if a.batch % (a.ref_world // a.ref_tp):
+        p.error(f"--ref-world / --ref-tp must divide the global batch {a.batch} (--batch)")
     if a.standin_mode == "local" and a.world != 1:
         p.error("--standin-mode local needs --world 1")
     if a.cpp and not os.path.isfile(a.cpp):
@@ -214,7 +230,8 @@ def main():
         os.makedirs(tmp, exist_ok=True)
         hf_dir = os.path.join(tmp, "model")
         try:
-            hf_llama.make_tiny(hf_dir, tied=a.tied, seed=1234, force=True, **SIZES)
+            hf_llama.make_tiny(hf_dir, tied=a.tied, seed=1234, force=True,
+                               **dict(SIZES, kv_heads=a.kv_heads))
         except hf_llama.Fail as e:
             sys.exit(f"make-tiny: {e}")
         train, val = os.path.join(tmp, "train.bin"), os.path.join(tmp, "val.bin")

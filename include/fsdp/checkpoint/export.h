@@ -13,6 +13,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/io/safetensors.h"
+#include "fsdp/parallel/tensor_parallel.h"
 
 namespace fsdp {
 
@@ -59,6 +60,10 @@ struct ShardedLoadOptions {
   std::set<std::string> unreadable;
   // Entries the model need not have, skipped (transformers ignores "rotary_emb.inv_freq").
   std::function<bool(const std::string&)> ignore;
+  // Tensor parallelism: the slice of a file's tensor (by name) that the model's parameter holds
+  // (its shard's rows are rows of that slice); the files hold the full tensors. Null, or no
+  // entry for a name: the parameter is the whole tensor.
+  std::map<std::string, tp::TpSlice> slices;
 };
 
 // The loader behind load_safetensors_sharded and load_hf_weights: collective; each rank checks

@@ -22,16 +22,25 @@
 namespace fsdp {
 
 struct DeviceMesh {
-  ProcessGroupPtr world;      // every rank: data parallelism, checkpoints, export
-  ProcessGroupPtr shard;      // the ranks of this rank's replica
+  ProcessGroupPtr world;      // every rank: checkpoints, export, agreement
+  ProcessGroupPtr shard;      // the ranks of this rank's replica (and TP index)
   ProcessGroupPtr replicate;  // this rank's peers in the other replicas; null with one replica
+  // Tensor parallelism (make_device_mesh(world, replicas, tp)): the ranks that split each
+  // matmul with this one (fsdp/parallel/tensor_parallel.h); null without.
+  ProcessGroupPtr tp;
 
   int replicas() const { return replicate ? replicate->size() : 1; }
   int shards() const { return shard->size(); }
+  int tp_size() const { return tp ? tp->size() : 1; }
   // This rank's replica (0 .. replicas - 1) and its place in it.
   int replica_index() const { return replicate ? replicate->rank() : 0; }
   int shard_index() const { return shard->rank(); }
+  int tp_index() const { return tp ? tp->rank() : 0; }
   bool hybrid() const { return replicate != nullptr; }
+  // Data parallelism: the ranks that see different batches (replicas x shards; the TP ranks
+  // of one data-parallel rank see the same batch), and this rank's place among them.
+  int dp_size() const { return replicas() * shards(); }
+  int dp_index() const { return replica_index() * shards() + shard_index(); }
 };
 
 // Splits `world` into `replicas` replicas of world->size() / replicas ranks each (two
@@ -41,6 +50,14 @@ struct DeviceMesh {
 // Throws InvalidArgument, before any communication, when `world` is null or `replicas` is not a
 // divisor of the world size (the message names both and lists the divisors).
 DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas);
+
+// Tensor parallelism beside (hybrid) sharding: the mesh (replicas, shards, tp) of torch's
+// init_device_mesh(..., (replicate, shard, tp)), row-major, so rank r is TP rank r % tp and a TP
+// group is `tp` consecutive ranks (one machine's GPUs, where TP's per-layer all-reduces belong).
+// Parameters are sharded over the `shard` group of ranks with the same TP index. Collective
+// over `world` (three splits). Throws InvalidArgument, before any communication, when replicas
+// x tp does not divide the world (naming the sizes and listing what would).
+DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas, int tp);
 
 // A mesh from groups the caller made (for example with its own splits). Collective over
 // `world`: every rank checks that its groups multiply to the world size and that every rank

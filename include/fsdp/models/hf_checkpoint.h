@@ -48,9 +48,12 @@ std::vector<std::string> hf_weight_files(const std::string& dir);
 // wrong shapes, other dtypes, a weight_map that disagrees with its files, a missing shard file,
 // a malformed or truncated file. Any of these is CheckpointError on every rank, naming them
 // all; the parameters are then as they were. Extra memory per rank: its rows of every tensor
-// in the file's dtype, held until all ranks agree.
-void load_hf_weights(const std::string& dir, torch::nn::Module& model,
-                     const ProcessGroupPtr& world);
+// in the file's dtype, held until all ranks agree. Under tensor parallelism `slices`
+// (tp_slices(config, tp size, tp rank)) says which slice of each tensor the model holds: each
+// rank reads the rows of its shard of its slice (a row-parallel weight's rows whole, then its
+// columns). `world` is every rank (the agreement spans them all).
+void load_hf_weights(const std::string& dir, torch::nn::Module& model, const ProcessGroupPtr& world,
+                     std::map<std::string, tp::TpSlice> slices = {});
 
 // A model built from a directory, for the trainer: reads config.json, builds the model without
 // random init, lets the caller shard it, then loads the weights (collective).
@@ -60,6 +63,8 @@ struct HfLoadOptions {
   // Called once every layer is built, before the weights are read: shard the root here, so that
   // each rank reads only its rows of the embedding and the head too.
   std::function<void(LlamaForCausalLM&)> on_model_built;
+  // Tensor parallelism (BuildOptions::tp): each rank reads only its slice of its rows.
+  ProcessGroupPtr tp;
 };
 struct HfModel {
   Config config;

@@ -38,31 +38,50 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdp/models/llama_config.h"
+#include "fsdp/parallel/tensor_parallel.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp::models::llama {
 
 struct BuildOptions;  // below: dtype, random init, the LayerBuilt callback
 
+// How a Linear splits over the tensor-parallel group (BuildOptions::tp; fsdp/parallel/
+// tensor_parallel.h): not at all, by output rows (column-parallel: q, k, v, gate, up, the head)
+// or by input columns (row-parallel: o, down; the output summed over the group, then the bias).
+enum class TpStyle { kNone, kColumn, kRow };
+
 // nn.Linear's parameters (weight [out, in], optional bias [out]) without its initialisation:
 // the model initialises every tensor itself (HF's _init_weights), or not at all before a load.
+// Under tensor parallelism the weight is this rank's chunk (tp::chunk_of) of the full one,
+// drawn whole and sliced, so that the values do not depend on the TP degree.
 class LinearImpl : public torch::nn::Module {
  public:
   // Weight normal(0, std) (see BuildOptions::random_init), bias zero.
-  LinearImpl(int64_t in, int64_t out, bool bias, double std, const BuildOptions& options);
+  LinearImpl(int64_t in, int64_t out, bool bias, double std, const BuildOptions& options,
+             TpStyle style = TpStyle::kNone);
+  // Column-parallel: x whole, the output this rank's chunk of the features (the caller applies
+  // tp::copy_to_tp to x once for the Linears that share it). Row-parallel: x this rank's chunk
+  // of the features, the output whole.
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;  // bias undefined without one
+
+ private:
+  TpStyle style_;
+  ProcessGroupPtr tp_;
 };
 TORCH_MODULE(Linear);
 
 // nn.Embedding(vocab, hidden, padding_idx): weight [vocab, hidden]; the padding row (when the
-// config names a pad_token_id) gets no gradient, as in transformers.
+// config names a pad_token_id) gets no gradient, as in transformers. Under tensor parallelism
+// vocabulary-parallel: this rank's chunk of the rows; a token outside it looks up zeros and the
+// lookups are summed over the group.
 class EmbeddingImpl : public torch::nn::Module {
  public:
   EmbeddingImpl(int64_t vocab, int64_t dim, std::optional<int64_t> padding_idx, double std,
@@ -71,7 +90,9 @@ class EmbeddingImpl : public torch::nn::Module {
   torch::Tensor weight;
 
  private:
-  int64_t padding_idx_;  // -1: none
+  int64_t padding_idx_;  // -1: none (or not in this rank's rows)
+  tp::Chunk rows_;       // this rank's rows of the vocabulary
+  ProcessGroupPtr tp_;
 };
 TORCH_MODULE(Embedding);
 
@@ -102,6 +123,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_size_;
+  ProcessGroupPtr tp_;
 };
 TORCH_MODULE(Attention);
 
@@ -110,6 +132,9 @@ class MLPImpl : public torch::nn::Module {
   MLPImpl(const Config& config, const BuildOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  ProcessGroupPtr tp_;
 };
 TORCH_MODULE(MLP);
 
@@ -136,6 +161,12 @@ struct BuildOptions {
   // parameters are left uninitialised (torch::empty), for a load that overwrites them all.
   bool random_init = true;
   LayerBuilt on_layer_built;
+  // Tensor parallelism (Megatron's, as transformers' base_model_tp_plan and TorchTitan's Llama
+  // plan): q, k, v, gate and up column-parallel, o and down row-parallel, the embedding and the
+  // head vocabulary-parallel; norms whole on every rank. The heads and the key/value heads must
+  // divide by the group's size (InvalidArgument naming them otherwise). Null or one rank: none.
+  // The forward then returns this rank's chunk of the vocabulary's logits (tp_logits_loss).
+  ProcessGroupPtr tp;
 };
 
 // LlamaModel: the child "model" of the root.
@@ -157,11 +188,23 @@ class LlamaModelImpl : public torch::nn::Module {
 TORCH_MODULE(LlamaModel);
 
 // LlamaForCausalLM: the root. Forward: tokens [batch, seq] int64 -> logits [batch, seq,
-// vocab] in the compute dtype (callers cast to fp32 for the loss, as transformers does).
+// vocab] in the compute dtype (callers cast to fp32 for the loss, as transformers does); under
+// tensor parallelism [batch, seq, this rank's chunk of the vocabulary] (loss() and
+// full_logits() combine them).
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const Config& config, const BuildOptions& options = {});
   torch::Tensor forward(const torch::Tensor& tokens);
+
+  // The mean cross-entropy of `targets` [batch, seq] (ignore_index -100 not counted) under
+  // `logits` from forward (whole, or this rank's chunk under tensor parallelism: TorchTitan's
+  // loss parallel), in fp32: the same value on every rank of the TP group.
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  // The whole vocabulary's logits from forward's (gathered under tensor parallelism; no
+  // gradient then).
+  torch::Tensor full_logits(const torch::Tensor& logits) const;
+  // The tensor-parallel group (null without).
+  const ProcessGroupPtr& tp() const { return tp_; }
 
   const Config& config() const { return config_; }
   LlamaModel model{nullptr};
@@ -172,6 +215,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   Config config_;
+  ProcessGroupPtr tp_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 
@@ -188,6 +232,12 @@ inline LlamaForCausalLM build_llama(const Config& config, const LayerBuilt& on_l
 // tied). Without building the model.
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const Config& config);
 std::vector<std::string> parameter_names(const Config& config);
+// Under tensor parallelism of `tp_size` ranks: which slice of each full tensor (by the names of
+// parameter_shapes) rank `tp_rank` holds; tensors whole on every rank (norms, row-parallel
+// biases) are absent. Throws InvalidArgument when the heads or key/value heads do not divide.
+std::map<std::string, tp::TpSlice> tp_slices(const Config& config, int tp_size, int tp_rank);
+// The heads and key/value heads divide by `tp_size` (InvalidArgument naming them otherwise).
+void validate_tp(const Config& config, int tp_size);
 // Parameters of the model, each tensor once (a tied head adds none).
 int64_t parameter_count(const Config& config);
 // Training FLOPs per token: 6 x the matmul parameters (the head included, tied or not) plus

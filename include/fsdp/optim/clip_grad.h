@@ -9,7 +9,9 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "fsdp/comm/device_mesh.h"
@@ -50,6 +52,19 @@ double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& 
 // shards them (with hybrid sharding, once per replica), and parameters outside every unit (or
 // ignored by fully_shard), which every rank holds whole, counted once. The form to prefer:
 // the groups come from the model, so no layout can be passed wrong.
+// Tensor parallelism (DeviceMesh::tp): the parameters whose names `sliced` accepts hold a
+// different slice on each rank of `group` (their parts are summed over it); every other
+// parameter is equal on every rank of `group` (counted once). The result is the norm of the
+// full model's gradients, the same on every rank.
+struct TensorParallelNorm {
+  ProcessGroupPtr group;
+  std::function<bool(const std::string& name)> sliced;
+};
+double clip_grad_norm_(const FSDPModule& model, double max_norm, const TensorParallelNorm& tp,
+                       double norm_type = 2.0, bool error_if_nonfinite = false);
+double total_grad_norm(const FSDPModule& model, const TensorParallelNorm& tp,
+                       double norm_type = 2.0);
+
 double clip_grad_norm_(const FSDPModule& model, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 double total_grad_norm(const FSDPModule& model, double norm_type = 2.0);

@@ -147,12 +147,13 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
 }
 
 void load_hf_weights(const std::string& dir_in, torch::nn::Module& model,
-                     const ProcessGroupPtr& world) {
+                     const ProcessGroupPtr& world, std::map<std::string, tp::TpSlice> slices) {
   FSDP_MODEL_CHECK(world != nullptr, "load_hf_weights: the process group is null");
   const std::string dir = io::without_trailing_slash(dir_in);
   const std::string what = fmt::format("load_hf_weights {}", dir);
   ShardedLoadOptions options;
   options.ignore = ignored_entry;
+  options.slices = std::move(slices);
   SafetensorsLocations found;
   try {
     found = locate_tensors(dir, options.problems, options.unreadable);
@@ -175,9 +176,12 @@ HfModel load_hf_model(const std::string& dir, const ProcessGroupPtr& world,
   build.dtype = options.dtype;
   build.random_init = false;
   build.on_layer_built = options.on_layer_built;
+  build.tp = options.tp;
   out.model = build_llama(out.config, build);
   if (options.on_model_built) options.on_model_built(out.model);
-  load_hf_weights(dir, *out.model, world);
+  const int tp_size = options.tp ? options.tp->size() : 1;
+  load_hf_weights(dir, *out.model, world,
+                  tp_slices(out.config, tp_size, options.tp ? options.tp->rank() : 0));
   return out;
 }
 

@@ -25,6 +25,27 @@ torch::TensorOptions options_of(const BuildOptions& o) {
   return torch::TensorOptions().dtype(o.dtype);
 }
 
+bool tensor_parallel(const BuildOptions& o) { return o.tp != nullptr && o.tp->size() > 1; }
+
+// This rank's chunk along `dim` of a tensor of `shape` (the whole shape without tensor
+// parallelism).
+tp::Chunk chunk_along(const BuildOptions& o, int64_t full) {
+  if (!tensor_parallel(o)) return {0, full};
+  return tp::chunk_of(full, o.tp->size(), o.tp->rank());
+}
+
+// A weight of the full `shape`, this rank's chunk along `dim`: drawn whole (the same values at
+// every TP degree), then sliced; uninitialised at the chunk's shape before a load.
+torch::Tensor init_slice(std::vector<int64_t> shape, int64_t dim, double std,
+                         const BuildOptions& o) {
+  const auto c = chunk_along(o, shape[dim]);
+  if (!o.random_init || !tensor_parallel(o)) {
+    shape[dim] = o.random_init ? shape[dim] : c.length;
+    return init_weight(shape, std, o);
+  }
+  return init_weight(shape, std, o).narrow(dim, c.offset, c.length).contiguous();
+}
+
 // transformers' rotate_half: the two halves of the last dimension, (-x2, x1).
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -40,27 +61,55 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
 
 }  // namespace
 
-LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std, const BuildOptions& o) {
-  weight = register_parameter("weight", init_weight({out, in}, std, o));
-  if (with_bias) bias = register_parameter("bias", torch::zeros({out}, options_of(o)));
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std, const BuildOptions& o,
+                       TpStyle style)
+    : style_(tensor_parallel(o) ? style : TpStyle::kNone), tp_(o.tp) {
+  if (style_ == TpStyle::kNone) {
+    weight = register_parameter("weight", init_weight({out, in}, std, o));
+    if (with_bias) bias = register_parameter("bias", torch::zeros({out}, options_of(o)));
+    return;
+  }
+  const bool column = style_ == TpStyle::kColumn;
+  weight = register_parameter("weight", init_slice({out, in}, column ? 0 : 1, std, o));
+  // A column-parallel bias is chunked with the rows; a row-parallel one is added once, after
+  // the sum, so every rank holds it whole.
+  const int64_t bias_rows = column ? chunk_along(o, out).length : out;
+  if (with_bias) bias = register_parameter("bias", torch::zeros({bias_rows}, options_of(o)));
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, weight, bias);
+  if (style_ != TpStyle::kRow) return torch::nn::functional::linear(x, weight, bias);
+  auto y = tp::reduce_from_tp(torch::nn::functional::linear(x, weight), tp_);
+  return bias.defined() ? y + bias : y;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, std::optional<int64_t> padding_idx,
                              double std, const BuildOptions& o)
-    : padding_idx_(padding_idx.value_or(-1)) {
-  auto w = init_weight({vocab, dim}, std, o);
+    : padding_idx_(-1), rows_(chunk_along(o, vocab)), tp_(tensor_parallel(o) ? o.tp : nullptr) {
+  auto w =
+      o.random_init ? init_weight({vocab, dim}, std, o) : init_weight({rows_.length, dim}, std, o);
   // nn.Embedding and HF's _init_weights zero the padding row.
   if (padding_idx && o.random_init) w[*padding_idx].zero_();
+  if (o.random_init && tp_) w = w.narrow(0, rows_.offset, rows_.length).contiguous();
+  if (padding_idx && *padding_idx >= rows_.offset && *padding_idx < rows_.offset + rows_.length) {
+    padding_idx_ = *padding_idx - rows_.offset;
+  }
   weight = register_parameter("weight", w);
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
-  return torch::embedding(weight, tokens, padding_idx_, /*scale_grad_by_freq=*/false,
-                          /*sparse=*/false);
+  if (!tp_) {
+    return torch::embedding(weight, tokens, padding_idx_, /*scale_grad_by_freq=*/false,
+                            /*sparse=*/false);
+  }
+  // Megatron's VocabParallelEmbedding: the rows of other ranks look up row 0 and are zeroed,
+  // so that the sum over the group is the lookup of the whole table (x + 0 is exact).
+  auto here = tokens.ge(rows_.offset) & tokens.lt(rows_.offset + rows_.length);
+  auto local = (tokens - rows_.offset).masked_fill(here.logical_not(), 0);
+  auto rows = rows_.length > 0 ? torch::embedding(weight, local, padding_idx_, false, false)
+                               : torch::zeros({tokens.size(0), tokens.size(1), weight.size(1)},
+                                              weight.options());
+  return tp::reduce_from_tp(rows * here.unsqueeze(-1).to(rows.scalar_type()), tp_);
 }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const BuildOptions& o) : eps_(eps) {
@@ -125,17 +174,25 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& c, int64_t 
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_size_(c.head_size()) {
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_size_(c.head_size()),
+      tp_(tensor_parallel(o) ? o.tp : nullptr) {
   const double std = c.initializer_range;
-  q_proj = register_module("q_proj", Linear(c.hidden_size, c.q_size(), c.qkv_bias(), std, o));
-  k_proj = register_module("k_proj", Linear(c.hidden_size, c.kv_size(), c.qkv_bias(), std, o));
-  v_proj = register_module("v_proj", Linear(c.hidden_size, c.kv_size(), c.qkv_bias(), std, o));
-  o_proj = register_module("o_proj", Linear(c.q_size(), c.hidden_size, c.o_bias(), std, o));
+  const auto col = TpStyle::kColumn;
+  const int64_t d = c.hidden_size;
+  q_proj = register_module("q_proj", Linear(d, c.q_size(), c.qkv_bias(), std, o, col));
+  k_proj = register_module("k_proj", Linear(d, c.kv_size(), c.qkv_bias(), std, o, col));
+  v_proj = register_module("v_proj", Linear(d, c.kv_size(), c.qkv_bias(), std, o, col));
+  o_proj = register_module("o_proj", Linear(c.q_size(), d, c.o_bias(), std, o, TpStyle::kRow));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+  const int64_t batch = x_in.size(0), seq = x_in.size(1);
+  // Under tensor parallelism each rank has heads / tp query heads and kv_heads / tp key/value
+  // heads (validate_tp): the same groups, so the same attention per head.
+  const auto x = tp::copy_to_tp(x_in, tp_);
   auto heads_first = [&](const torch::Tensor& t) {
     return t.view({batch, seq, -1, head_size_}).transpose(1, 2);
   };
@@ -161,15 +218,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   return o_proj(out);
 }
 
-MLPImpl::MLPImpl(const Config& c, const BuildOptions& o) {
+MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
+    : tp_(tensor_parallel(o) ? o.tp : nullptr) {
   const double std = c.initializer_range;
   const int64_t d = c.hidden_size, i = c.intermediate_size;
-  gate_proj = register_module("gate_proj", Linear(d, i, c.mlp_bias, std, o));
-  up_proj = register_module("up_proj", Linear(d, i, c.mlp_bias, std, o));
-  down_proj = register_module("down_proj", Linear(i, d, c.mlp_bias, std, o));
+  const auto col = TpStyle::kColumn;
+  gate_proj = register_module("gate_proj", Linear(d, i, c.mlp_bias, std, o, col));
+  up_proj = register_module("up_proj", Linear(d, i, c.mlp_bias, std, o, col));
+  down_proj = register_module("down_proj", Linear(i, d, c.mlp_bias, std, o, TpStyle::kRow));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+torch::Tensor MLPImpl::forward(const torch::Tensor& x_in) {
+  const auto x = tp::copy_to_tp(x_in, tp_);
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
@@ -216,21 +276,40 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& o)
-    : config_((validate(c), c)) {
+    : config_((validate(c), validate_tp(c, o.tp ? o.tp->size() : 1), c)),
+      tp_(tensor_parallel(o) ? o.tp : nullptr) {
   model = register_module("model", LlamaModel(c, o));
   if (c.tie_word_embeddings) {
     // One tensor under two names, as transformers ties them: sharded, gathered and reduced once.
     tied_head = register_module("lm_head", std::make_shared<torch::nn::Module>());
     tied_head->register_parameter("weight", model->embed_tokens->weight);
   } else {
-    lm_head = register_module(
-        "lm_head", Linear(c.hidden_size, c.vocab_size, /*bias=*/false, c.initializer_range, o));
+    lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, /*bias=*/false,
+                                                c.initializer_range, o, TpStyle::kColumn));
   }
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
-  auto h = model->forward(tokens);
+  // Under tensor parallelism the head is column-parallel over the vocabulary (tied or not: the
+  // embedding's rows are the same chunk), and its logits stay split (loss parallel).
+  auto h = tp::copy_to_tp(model->forward(tokens), tp_);
   return tied_head ? torch::nn::functional::linear(h, model->embed_tokens->weight) : lm_head(h);
+}
+
+torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits,
+                                         const torch::Tensor& targets) const {
+  const int64_t columns = logits.size(-1);
+  if (!tp_) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, columns}).to(torch::kFloat),
+                                                targets.reshape(-1));
+  }
+  const auto c = tp::chunk_of(config_.vocab_size, tp_->size(), tp_->rank());
+  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, columns}), targets.reshape(-1),
+                                          c.offset, config_.vocab_size, tp_);
+}
+
+torch::Tensor LlamaForCausalLMImpl::full_logits(const torch::Tensor& logits) const {
+  return tp_ ? tp::gather_last_dim(logits, config_.vocab_size, tp_) : logits;
 }
 
 LlamaForCausalLM build_llama(const Config& config, const BuildOptions& options) {
@@ -260,6 +339,39 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const
   }
   out.push_back({"model.norm.weight", {d}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
+  return out;
+}
+
+void validate_tp(const Config& c, int tp_size) {
+  FSDP_MODEL_CHECK(tp_size >= 1, "llama: the tensor-parallel degree must be positive, got {}",
+                   tp_size);
+  FSDP_MODEL_CHECK(c.num_attention_heads % tp_size == 0 && c.num_key_value_heads % tp_size == 0,
+                   "llama: a tensor-parallel degree of {} must divide the attention heads ({}) and "
+                   "the key/value heads ({}): each rank computes whole heads",
+                   tp_size, c.num_attention_heads, c.num_key_value_heads);
+}
+
+std::map<std::string, tp::TpSlice> tp_slices(const Config& c, int tp_size, int tp_rank) {
+  validate_tp(c, tp_size);
+  std::map<std::string, tp::TpSlice> out;
+  if (tp_size == 1) return out;
+  auto add = [&](const std::string& name, const std::vector<int64_t>& full, int64_t dim) {
+    out[name] = tp::TpSlice{dim, tp::chunk_of(full[dim], tp_size, tp_rank), full};
+  };
+  for (const auto& [name, shape] : parameter_shapes(c)) {
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    const bool row = ends_with("o_proj.weight") || ends_with("down_proj.weight");
+    const bool whole = ends_with("norm.weight") || ends_with("layernorm.weight") ||
+                       ends_with("o_proj.bias") || ends_with("down_proj.bias");
+    if (row) {
+      add(name, shape, 1);
+    } else if (!whole) {
+      add(name, shape, 0);  // column-parallel weights and biases, the embedding, the head
+    }
+  }
   return out;
 }
 

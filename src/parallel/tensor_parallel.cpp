@@ -1,0 +1,137 @@
+#include "fsdp/parallel/tensor_parallel.h"
+
+#include <torch/autograd.h>
+
+#include <limits>
+
+#include "fsdp/errors.h"
+#include "util/check.h"
+
+namespace fsdp::tp {
+namespace {
+
+bool trivial(const ProcessGroupPtr& tp) { return tp == nullptr || tp->size() == 1; }
+
+// The sum over the group, forward; the gradient passes unchanged (each rank's contribution to
+// the sum has the sum's gradient). The backward needs no group, so none is kept in the graph.
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x,
+                            ProcessGroup* tp) {
+    auto out = x.contiguous().clone();
+    tp->all_reduce(out, ReduceOp::kSum)->wait();
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::Tensor()};
+  }
+};
+
+}  // namespace
+
+Chunk chunk_of(int64_t full, int size, int rank) {
+  FSDP_CHECK_ARG(full >= 0 && size >= 1 && rank >= 0 && rank < size,
+                 "tp::chunk_of: rank {} of {} over a dimension of {}", rank, size, full);
+  const int64_t step = (full + size - 1) / size;  // torch.chunk's
+  const int64_t begin = std::min(full, step * rank);
+  return {begin, std::min(full, begin + step) - begin};
+}
+
+at::Tensor copy_to_tp(const at::Tensor& x, const ProcessGroupPtr& tp) {
+  if (trivial(tp) || !x.requires_grad()) return x;
+  // A hook on this view sees the gradient of every use of it summed (q, k and v read the same
+  // input): one all-reduce per call, as Megatron's f.
+  auto y = x.view_as(x);
+  y.register_hook([tp](const at::Tensor& grad) {
+    auto sum = grad.contiguous().clone();
+    tp->all_reduce(sum, ReduceOp::kSum)->wait();
+    return sum;
+  });
+  return y;
+}
+
+at::Tensor reduce_from_tp(const at::Tensor& x, const ProcessGroupPtr& tp) {
+  if (trivial(tp)) return x;
+  return ReduceFromTp::apply(x, tp.get());
+}
+
+at::Tensor gather_last_dim(const at::Tensor& local, int64_t full, const ProcessGroupPtr& tp) {
+  if (trivial(tp)) return local;
+  const int size = tp->size();
+  const auto mine = chunk_of(full, size, tp->rank());
+  FSDP_CHECK_ARG(local.dim() >= 1 && local.size(-1) == mine.length,
+                 "tp::gather_last_dim: rank {} holds {} of the last dimension; its chunk of {} "
+                 "over {} ranks is {}",
+                 tp->rank(), local.dim() ? local.size(-1) : 0, full, size, mine.length);
+  at::NoGradGuard no_grad;
+  const int64_t step = chunk_of(full, size, 0).length;
+  // Chunks padded to the first's length, last dimension moved first so that each rank's part
+  // is one contiguous block of the gather.
+  std::vector<int64_t> lead(local.sizes().begin(), local.sizes().end() - 1);
+  auto moved = local.movedim(-1, 0);  // [chunk, ...]
+  std::vector<int64_t> block_shape{step};
+  block_shape.insert(block_shape.end(), lead.begin(), lead.end());
+  auto block = at::zeros(block_shape, local.options());
+  block.narrow(0, 0, mine.length).copy_(moved);
+  std::vector<int64_t> all_shape{size * step};
+  all_shape.insert(all_shape.end(), lead.begin(), lead.end());
+  auto all = at::empty(all_shape, local.options());
+  tp->all_gather(all, block)->wait();
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < size; ++r) {
+    parts.push_back(all.narrow(0, r * step, chunk_of(full, size, r).length));
+  }
+  return at::cat(parts, 0).movedim(0, -1).contiguous();
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,
+                                        int64_t vocab_offset, int64_t vocab,
+                                        const ProcessGroupPtr& tp, int64_t ignore_index) {
+  const int size = tp ? tp->size() : 1;
+  const int rank = tp ? tp->rank() : 0;
+  const auto mine = chunk_of(vocab, size, rank);
+  FSDP_CHECK_ARG(local.dim() == 2 && targets.dim() == 1 && local.size(0) == targets.size(0),
+                 "tp::vocab_parallel_cross_entropy: logits [tokens, vocab chunk] and targets "
+                 "[tokens] expected, got {} and {}",
+                 local.sizes(), targets.sizes());
+  FSDP_CHECK_ARG(local.size(1) == mine.length && vocab_offset == mine.offset,
+                 "tp::vocab_parallel_cross_entropy: rank {} of {} holds columns [{}, {}) of "
+                 "the logits; its chunk of a vocabulary of {} is [{}, {})",
+                 rank, size, vocab_offset, vocab_offset + local.size(1), vocab, mine.offset,
+                 mine.offset + mine.length);
+  const int64_t n = local.size(0);
+  auto x = local.to(at::kFloat);
+  // The max over the full vocabulary, per token: it only keeps exp() in range (the result
+  // does not depend on it), so it carries no gradient.
+  at::Tensor max;
+  {
+    at::NoGradGuard no_grad;
+    auto mine_max = mine.length > 0
+                        ? x.amax(1)
+                        : at::full({n}, -std::numeric_limits<float>::infinity(), x.options());
+    if (size > 1) {
+      auto all = at::empty({size * n}, mine_max.options());
+      tp->all_gather(all, mine_max.contiguous())->wait();
+      max = all.view({size, n}).amax(0);
+    } else {
+      max = mine_max;
+    }
+  }
+  auto shifted = x - max.unsqueeze(1);
+  auto sum_exp = reduce_from_tp(shifted.exp().sum(1), tp);
+  auto valid = targets.ne(ignore_index);
+  auto here = valid & targets.ge(mine.offset) & targets.lt(mine.offset + mine.length);
+  at::Tensor picked;
+  if (mine.length > 0) {
+    auto index = (targets - mine.offset).clamp(0, mine.length - 1).unsqueeze(1);
+    picked = shifted.gather(1, index).squeeze(1) * here.to(at::kFloat);
+  } else {
+    picked = at::zeros({n}, x.options());
+  }
+  auto target_logit = reduce_from_tp(picked, tp);
+  auto per_token = (sum_exp.log() - target_logit) * valid.to(at::kFloat);
+  // As torch's mean reduction with ignore_index: the sum over counted tokens over their count.
+  return per_token.sum() / valid.sum().to(at::kFloat);
+}
+
+}  // namespace fsdp::tp
