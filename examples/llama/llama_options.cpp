@@ -64,10 +64,6 @@ std::string check(const Options& o) {
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
   if (o.train.tp > 1) {
-    if (!o.export_hf.empty()) {
-      return "--export-hf does not work with --tp yet (the tensor-parallel slices are not "
-             "gathered into whole tensors); train with --tp 1 to export";
-    }
     if (o.train.plan) return "--plan does not model --tp yet; plan with --tp 1";
     // The heads must split evenly: refused here, before any rank starts communicating.
     try {

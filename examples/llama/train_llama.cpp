@@ -173,9 +173,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     task.loss = [&b](const torch::Tensor& logits, const torch::Tensor& targets) {
       return b.model->loss(logits, targets);
     };
-    auto sliced = ll::tp_slices(b.config, mesh.tp_size(), mesh.tp_index());
-    task.tp_norm = fsdp::TensorParallelNorm{
-        mesh.tp, [sliced](const std::string& name) { return sliced.count(name) > 0; }};
+    task.tp = ll::tp_layout(b.config, mesh.tp, mesh.dp_group());
   }
   task.train = train.get();
   task.validation = val.get();
@@ -192,6 +190,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     save.dtype = o.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
     save.max_shard_bytes = o.max_shard_bytes;
     save.tokenizer_files = o.tokenizer;
+    save.tp = mesh.tp;
     ll::save_hf_checkpoint(o.export_hf, *b.model, b.config, dist.group, save);
     if (dist.group->rank() == 0) fmt::print("exported {}\n", o.export_hf);
   };

@@ -28,7 +28,9 @@ int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
     return 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group);
+  fsdp::LoadOptions options;
+  options.tp = task.tp;
+  auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group, options);
   if (lead) {
     fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path, info.step,
                info.world_size, seconds_since(t0));
@@ -43,6 +45,7 @@ void save(const TrainOptions& o, int steps_done, Task& task, const torch::optim:
   fsdp::SaveOptions options;
   options.keep_last = o.keep;
   options.metadata["data_step"] = std::to_string(steps_done);
+  options.tp = task.tp;
   auto path =
       fsdp::save_checkpoint(o.save_dir, steps_done, *task.module, &opt, dist.group, options);
   if (dist.group->rank() == 0) fmt::print("saved {} in {:.2f} s\n", path, seconds_since(t0));
@@ -135,12 +138,14 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
 // The gradient norm the step needs: clipped (--clip-grad-norm), or only measured for the
 // non-finite guard; 0 when neither.
 double grad_norm_of(const TrainOptions& o, Task& task) {
-  if (task.tp_norm) {
+  if (task.tp.active()) {
     // Under tensor parallelism the norm spans the TP slices too, the same on every rank (a
     // verdict that differed between TP ranks would desynchronise them).
-    if (o.clip_grad_norm > 0)
-      return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, *task.tp_norm);
-    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, *task.tp_norm);
+    const fsdp::TensorParallelNorm tp{task.tp.group, [&task](const std::string& name) {
+                                        return task.tp.slice_of(name) != nullptr;
+                                      }};
+    if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, tp);
+    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, tp);
     return 0;
   }
   if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm);

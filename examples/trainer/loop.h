@@ -4,7 +4,6 @@
 #pragma once
 
 #include <functional>
-#include <optional>
 #include <string>
 
 #include "data.h"
@@ -21,8 +20,9 @@ struct Task {
   LogitsFn logits;            // tokens [B, L] -> logits [B, L, vocab], through the root
   LossFn loss;                // the model's loss over those logits; null: cross-entropy
   int64_t vocab = 0;
-  // Tensor parallelism: which parameters hold slices, for the global gradient norm.
-  std::optional<fsdp::TensorParallelNorm> tp_norm;
+  // Tensor parallelism: which parameters hold slices, for the global gradient norm and for
+  // checkpoints of the full tensors (empty: none).
+  fsdp::tp::Layout tp;
   const Dataset* train = nullptr;
   const Windows* validation = nullptr;  // null: no validation
   ModelInfo info;

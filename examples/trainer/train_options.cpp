@@ -172,10 +172,6 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--replicas {} must divide the {} (each replica is sharded over the rest)",
                        o.replicas, over);
   }
-  if (o.tp > 1 && (!o.save_dir.empty() || o.resume)) {
-    return "--save-dir and --resume do not work with --tp yet (checkpoints of tensor-parallel "
-           "slices are not written); train without them, or with --tp 1";
-  }
   if (o.plan_ranks_per_host < 0 ||
       (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
     return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",

@@ -65,6 +65,39 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
+// Tensor parallelism: each entry of this rank's state (in the frame of its TP slice) as rows of
+// the full tensor. Rows of a row slice are rows of the full tensor at the slice's offset; a
+// column slice's rows are gathered whole over the TP group (every TP rank of one data-parallel
+// rank holds the same shard rows), written by TP rank 0; entries whole on every TP rank too.
+ShardedStateDict full_frame(ShardedStateDict state, const tp::Layout& tp) {
+  const int tp_rank = tp.group->rank();
+  for (auto& [name, s] : state) {
+    const tp::TpSlice* slice = s.local.defined() ? tp.slice_of(name) : nullptr;
+    if (slice && s.global_shape.size() == slice->full.size() && !s.replicated) {
+      if (slice->dim == 0) {
+        s.row_offset += slice->chunk.offset;
+      } else {
+        s.local = tp::gather_dim(s.local, slice->dim, slice->full[slice->dim], tp.group);
+        s.replica = s.replica * tp.group->size() + tp_rank;
+      }
+      s.global_shape = slice->full;
+    } else if (slice && s.replicated && s.global_shape.size() == slice->full.size()) {
+      // A slice outside every unit (whole on its rank): the full tensor gathered, TP rank 0's.
+      s.local = tp::gather_dim(s.local, slice->dim, slice->full[slice->dim], tp.group);
+      s.global_shape = slice->full;
+      if (tp_rank != 0) s.local = at::Tensor();
+    } else if (tp_rank != 0) {
+      // Equal on every TP rank (norms, biases after a sum, scalars): TP rank 0's copy.
+      if (s.replicated) {
+        s.local = at::Tensor();
+      } else {
+        s.replica = s.replica * tp.group->size() + tp_rank;
+      }
+    }
+  }
+  return state;
+}
+
 // This rank's tensors, written to its file; returns the entries as a one-rank manifest. Each
 // row is written once: replicated tensors by rank 0, hybrid sharding's rows by replica 0.
 Manifest write_rank_file(const std::string& tmp, int rank, const ShardedStateDict& state) {
@@ -148,6 +181,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
     }
   });
 
+  // Under tensor parallelism: every tensor as rows of the full one (collective over the TP
+  // group for slices of columns, in state order, which every rank shares).
+  if (options.tp.active()) state = full_frame(std::move(state), options.tp);
+
   std::string entries;
   agree_on<CheckpointError>(
       g, what, [&] { entries = detail::manifest_to_json(write_rank_file(tmp, rank, state)); });
@@ -189,8 +226,36 @@ at::Tensor read_rows_like(const std::string& dir, const StoredTensor& t, int64_t
   return staged;
 }
 
+// This rank's rows of `p` (in the frame of its TP slice under tensor parallelism) from the
+// stored full tensor `st`: rows at the slice's offset for a row slice, whole rows cut to the
+// slice's columns for a column slice.
+at::Tensor read_local(const std::string& dir, const StoredTensor& st, const std::string& name,
+                      const ShardedTensor& p, const tp::Layout& tp) {
+  const tp::TpSlice* slice = tp.slice_of(name);
+  if (!slice || p.global_shape.size() != slice->full.size()) {
+    return read_rows_like(dir, st, p.row_offset, p.rows(), p.local.sizes().vec());
+  }
+  auto shape = p.local.sizes().vec();
+  int64_t begin = p.row_offset;
+  if (slice->dim == 0) {
+    begin += slice->chunk.offset;
+  } else {
+    shape[slice->dim] = slice->full[slice->dim];
+  }
+  auto rows = read_rows_like(dir, st, begin, p.rows(), shape);
+  if (slice->dim == 0) return rows;
+  return rows.narrow(slice->dim, slice->chunk.offset, slice->chunk.length).contiguous();
+}
+
+// The shape `st` must have for the model's `p`: the full tensor of a TP slice, else p's own.
+const std::vector<int64_t>& stored_shape(const std::string& name, const ShardedTensor& p,
+                                         const tp::Layout& tp) {
+  const tp::TpSlice* slice = tp.slice_of(name);
+  return slice && p.global_shape.size() == slice->full.size() ? slice->full : p.global_shape;
+}
+
 Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module& model,
-             const torch::optim::Optimizer* optimizer) {
+             const torch::optim::Optimizer* optimizer, const tp::Layout& tp) {
   const std::string kind = optimizer ? optimizer_kind(*optimizer) : "none";
   std::unordered_map<std::string, const StoredTensor*> stored;
   for (const auto& t : m.tensors) stored[t.name] = &t;
@@ -222,14 +287,13 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
   for (const auto& [name, t] : model_state) {
     by_name[name] = &t;
     const StoredTensor& st = find(name);
-    if (st.dtype != t.local.scalar_type() || st.shape != t.global_shape) {
+    const auto& want = stored_shape(name, t, tp);
+    if (st.dtype != t.local.scalar_type() || st.shape != want) {
       throw CheckpointError(fmt::format("tensor '{}' is {} {} in {}, the model's is {} {}", name,
                                         c10::toString(st.dtype), shape_str(st.shape), dir,
-                                        c10::toString(t.local.scalar_type()),
-                                        shape_str(t.global_shape)));
+                                        c10::toString(t.local.scalar_type()), shape_str(want)));
     }
-    out.copies.emplace_back(t.local,
-                            read_rows_like(dir, st, t.row_offset, t.rows(), t.local.sizes().vec()));
+    out.copies.emplace_back(t.local, read_local(dir, st, name, t, tp));
   }
   if (optimizer) {
     if (m.optimizer != kind) {
@@ -243,11 +307,13 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
       const auto param = by_name.find(t.name.substr(0, hash));
       ShardedTensor s;
       s.global_shape = t.shape;
-      if (hash > 0 && param != by_name.end() && t.shape == param->second->global_shape) {
-        // Sharded like its parameter: this rank's rows only.
+      if (hash > 0 && param != by_name.end() &&
+          t.shape == stored_shape(param->first, *param->second, tp)) {
+        // Sharded like its parameter: this rank's rows only (of its TP slice), in the frame
+        // of the parameter's shard.
         const ShardedTensor& p = *param->second;
-        s.local = read_rows_like(dir, t, p.row_offset, p.rows(), p.local.sizes().vec())
-                      .to(p.local.device());
+        s.local = read_local(dir, t, param->first, p, tp).to(p.local.device());
+        s.global_shape = p.global_shape;
         s.row_offset = p.row_offset;
         s.replicated = p.replicated;
       } else {
@@ -279,6 +345,12 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
 
 CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
                                torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg) {
+  return load_checkpoint(path, model, optimizer, pg, LoadOptions{});
+}
+
+CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
+                               torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg,
+                               const LoadOptions& options) {
   FSDP_CHECK_ARG(pg != nullptr, "load_checkpoint: the process group is null");
   const std::string& dir = path;
   Manifest m;
@@ -286,7 +358,7 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   agree_on<CheckpointError>(*pg, fmt::format("load_checkpoint {}", path), [&] {
     const auto manifest_path = join(dir, detail::kManifestName);
     m = detail::manifest_from_json(io::read_file(manifest_path), manifest_path);
-    staged = stage(dir, m, model, optimizer);
+    staged = stage(dir, m, model, optimizer, options.tp);
   });
   // Every rank has everything: apply.
   {
@@ -294,7 +366,11 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     for (auto& [target, value] : staged.copies) target.copy_(value);
   }
   // Every rank read exactly its rows: the state installs without moving data.
-  if (optimizer) set_optimizer_state_dict(model, *optimizer, staged.optimizer, pg);
+  // Under tensor parallelism only the ranks of one TP index hold slices of the same shapes.
+  if (optimizer) {
+    set_optimizer_state_dict(model, *optimizer, staged.optimizer,
+                             options.tp.active() && options.tp.dp ? options.tp.dp : pg);
+  }
   return CheckpointInfo{path, m.step, m.world_size, m.metadata};
 }
 

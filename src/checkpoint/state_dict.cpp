@@ -71,6 +71,10 @@ void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr&
     // A tensor of the visitor's own: a replicated one is the live parameter or buffer, copied
     // (such tensors are the small ones: norms and biases outside units, buffers).
     at::Tensor full = s.replicated ? s.local.detach().clone() : gather_full(s);
+    if (const tp::TpSlice* slice = options.tp.slice_of(name);
+        slice && full.dim() == static_cast<int64_t>(slice->full.size())) {
+      full = tp::gather_dim(full, slice->dim, slice->full[slice->dim], options.tp.group);
+    }
     if (!receives) continue;
     if (options.dtype && full.is_floating_point()) full = full.to(*options.dtype);
     if (options.cpu_offload) full = full.cpu();

@@ -63,6 +63,7 @@ DeviceMesh make_device_mesh(const ProcessGroupPtr& world, int replicas, int tp) 
   // shard index and TP index replicate.
   mesh.shard = world->split((d / shards) * tp + t);
   if (replicas > 1) mesh.replicate = world->split((d % shards) * tp + t);
+  mesh.dp = replicas > 1 ? world->split(t) : mesh.shard;
   return mesh;
 }
 
@@ -94,13 +95,13 @@ DeviceMesh make_device_mesh(const ProcessGroupPtr& world, const ProcessGroupPtr&
                      (!replicate || replicate->device_type() == world->device_type()),
                  "make_device_mesh: the groups must share the world's device type ({})",
                  c10::DeviceTypeName(world->device_type(), true));
-  DeviceMesh mesh{world, shard, mine_replicas > 1 ? replicate : nullptr, nullptr};
+  DeviceMesh mesh{world, shard, mine_replicas > 1 ? replicate : nullptr, nullptr, nullptr};
   return mesh;
 }
 
 DeviceMesh flat_mesh(const ProcessGroupPtr& pg) {
   FSDP_CHECK_ARG(pg != nullptr, "flat_mesh: the process group is null");
-  return DeviceMesh{pg, pg, nullptr, nullptr};
+  return DeviceMesh{pg, pg, nullptr, nullptr, nullptr};
 }
 
 }  // namespace fsdp

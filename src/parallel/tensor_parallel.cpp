@@ -55,33 +55,45 @@ at::Tensor reduce_from_tp(const at::Tensor& x, const ProcessGroupPtr& tp) {
   return ReduceFromTp::apply(x, tp.get());
 }
 
-at::Tensor gather_last_dim(const at::Tensor& local, int64_t full, const ProcessGroupPtr& tp) {
+const TpSlice* Layout::slice_of(const std::string& name) const {
+  if (!active()) return nullptr;
+  auto it = slices.find(name.substr(0, name.find('#')));
+  return it == slices.end() ? nullptr : &it->second;
+}
+
+at::Tensor gather_dim(const at::Tensor& local, int64_t dim, int64_t full,
+                      const ProcessGroupPtr& tp) {
   if (trivial(tp)) return local;
   const int size = tp->size();
+  FSDP_CHECK_ARG(local.dim() >= 1, "tp::gather_dim: a tensor of at least one dimension expected");
+  dim = dim < 0 ? dim + local.dim() : dim;
   const auto mine = chunk_of(full, size, tp->rank());
-  FSDP_CHECK_ARG(local.dim() >= 1 && local.size(-1) == mine.length,
-                 "tp::gather_last_dim: rank {} holds {} of the last dimension; its chunk of {} "
-                 "over {} ranks is {}",
-                 tp->rank(), local.dim() ? local.size(-1) : 0, full, size, mine.length);
+  FSDP_CHECK_ARG(dim < local.dim() && local.size(dim) == mine.length,
+                 "tp::gather_dim: rank {} holds {} of dimension {}; its chunk of {} over {} "
+                 "ranks is {}",
+                 tp->rank(), dim < local.dim() ? local.size(dim) : 0, dim, full, size, mine.length);
   at::NoGradGuard no_grad;
   const int64_t step = chunk_of(full, size, 0).length;
-  // Chunks padded to the first's length, last dimension moved first so that each rank's part
-  // is one contiguous block of the gather.
-  std::vector<int64_t> lead(local.sizes().begin(), local.sizes().end() - 1);
-  auto moved = local.movedim(-1, 0);  // [chunk, ...]
-  std::vector<int64_t> block_shape{step};
-  block_shape.insert(block_shape.end(), lead.begin(), lead.end());
+  // Chunks padded to the first's length, the dimension moved first so that each rank's part is
+  // one contiguous block of the gather.
+  auto moved = local.movedim(dim, 0);
+  std::vector<int64_t> block_shape = moved.sizes().vec();
+  block_shape[0] = step;
   auto block = at::zeros(block_shape, local.options());
   block.narrow(0, 0, mine.length).copy_(moved);
-  std::vector<int64_t> all_shape{size * step};
-  all_shape.insert(all_shape.end(), lead.begin(), lead.end());
+  auto all_shape = block_shape;
+  all_shape[0] = size * step;
   auto all = at::empty(all_shape, local.options());
   tp->all_gather(all, block)->wait();
   std::vector<at::Tensor> parts;
   for (int r = 0; r < size; ++r) {
     parts.push_back(all.narrow(0, r * step, chunk_of(full, size, r).length));
   }
-  return at::cat(parts, 0).movedim(0, -1).contiguous();
+  return at::cat(parts, 0).movedim(0, dim).contiguous();
+}
+
+at::Tensor gather_last_dim(const at::Tensor& local, int64_t full, const ProcessGroupPtr& tp) {
+  return gather_dim(local, -1, full, tp);
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tensor& targets,

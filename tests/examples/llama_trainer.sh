@@ -6,7 +6,8 @@
 # written: a missing and a corrupted weight file, a config that does not match the weights, an
 # unsupported rope_scaling, a token id beyond the vocabulary, a truncated token file, an
 # existing export directory, an unknown --preset, tensor-parallel degrees that do not divide the
-# world or the heads. Tensor parallelism (--tp 2) gives the same validation loss and logits.
+# world or the heads. Tensor parallelism (--tp 2) gives the same validation loss and logits,
+# and its export gives transformers and MLX that loss.
 #   llama_trainer.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -48,13 +49,16 @@ again=$(sed -n 's/.*val_loss \([0-9.e+-]*\).*/\1/p' "$tmp/eval.log")
 # Tensor parallelism at world 2 (--tp 2: one data-parallel rank): the same training gives the
 # same validation loss (1e-5), and --dump-logits gathers the vocabulary's chunks into the
 # logits the unsplit model writes (1e-5).
-"${mpiexec[@]}" -n 2 "${run[@]}" --tp 2 --metrics-out "$tmp/tp.jsonl" > "$tmp/tp.log" 2>&1 \
-  || { cat "$tmp/tp.log"; exit 1; }
+"${mpiexec[@]}" -n 2 "${run[@]}" --tp 2 --metrics-out "$tmp/tp.jsonl" --export-hf "$tmp/tp_export" \
+  > "$tmp/tp.log" 2>&1 || { cat "$tmp/tp.log"; exit 1; }
 grep -E "^Llama" "$tmp/tp.log"
 tp_val=$("$py" -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$tmp/tp.jsonl")
 "$py" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
   "$tp_val" "$val" && echo "--tp 2: validation loss $tp_val, without TP $val" \
   || { echo "FAILED: --tp 2 validation loss $tp_val, without TP $val"; fail=1; }
+# The export of the TP run (each tensor gathered whole, written once): transformers and MLX.
+"$py" "$ref/llama_export_check.py" --hf-dir "$tmp/tp_export" --val-tokens "$tmp/val.bin" --seq 32 \
+  --expect "$tp_val" || fail=1
 dump=(--hf-dir "$tmp/model" --val-tokens "$tmp/val.bin" --seq 32 --eval-only --threads 1 --count 3)
 "$bin" "${dump[@]}" --dump-logits "$tmp/whole.safetensors" > /dev/null 2>&1 || fail=1
 "${mpiexec[@]}" -n 2 "$bin" "${dump[@]}" --tp 2 --dump-logits "$tmp/split.safetensors" \
@@ -117,9 +121,6 @@ expect_error "--tp not dividing the world" "--tp 3 must divide the world of 2 ra
   "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 3
 expect_error "--tp not dividing the heads" "must divide the attention heads (4) and the key/value heads (2)" \
   "${mpiexec[@]}" -n 4 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 4
-expect_error "--tp with --export-hf" "--export-hf does not work with --tp yet" \
-  "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 2 --export-hf "$tmp/no"
-[ ! -e "$tmp/no" ] || { echo "FAILED: --export-hf wrote $tmp/no"; fail=1; }
 
 [ "$fail" -eq 0 ] && echo "llama trainer: passed"
 exit "$fail"

@@ -37,6 +37,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/errors.h"
+#include "fsdp/parallel/tensor_parallel.h"
 
 namespace fsdp {
 
@@ -48,6 +49,18 @@ struct SaveOptions {
   int keep_last = 0;
   // Stored in the manifest and returned by load_checkpoint (data position, run name, ...).
   std::map<std::string, std::string> metadata;
+  // Tensor parallelism (fsdp/parallel/tensor_parallel.h): the model's parameters (and their
+  // optimizer state) are slices; the checkpoint holds the full tensors as rows, as without
+  // tensor parallelism, so that it loads at any data-parallel and tensor-parallel degree. A
+  // slice of columns is gathered over the TP group row by row (each rank's shard rows whole);
+  // tensors equal on every TP rank are written by TP rank 0 only.
+  tp::Layout tp;
+};
+
+struct LoadOptions {
+  // The model's tensor-parallel layout now (as SaveOptions::tp); empty: none. Any checkpoint
+  // of the same model loads, whatever the layout that saved it.
+  tp::Layout tp;
 };
 
 struct CheckpointInfo {
@@ -77,5 +90,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // dtypes must match both ways.
 CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
                                torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg);
+CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
+                               torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg,
+                               const LoadOptions& options);
 
 }  // namespace fsdp

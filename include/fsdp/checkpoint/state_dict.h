@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
+#include "fsdp/parallel/tensor_parallel.h"
 #include "fsdp/runtime/sharded_tensor.h"
 
 namespace fsdp {
@@ -48,6 +49,8 @@ struct FullStateDictOptions {
   bool cpu_offload = true;
   // Convert floating tensors to this dtype (say kBFloat16 for a half-size export).
   std::optional<at::ScalarType> dtype;
+  // Tensor parallelism: slices are gathered over the TP group into the full tensors too.
+  tp::Layout tp;
 };
 
 // Collective over `world` (every rank of the model's groups calls it in the same order):

@@ -28,6 +28,9 @@ struct DeviceMesh {
   // Tensor parallelism (make_device_mesh(world, replicas, tp)): the ranks that split each
   // matmul with this one (fsdp/parallel/tensor_parallel.h); null without.
   ProcessGroupPtr tp;
+  // With tensor parallelism: the ranks of this rank's TP index (replicas x shards), which hold
+  // slices of the same shapes; null without (the world is).
+  ProcessGroupPtr dp;
 
   int replicas() const { return replicate ? replicate->size() : 1; }
   int shards() const { return shard->size(); }
@@ -41,6 +44,7 @@ struct DeviceMesh {
   // of one data-parallel rank see the same batch), and this rank's place among them.
   int dp_size() const { return replicas() * shards(); }
   int dp_index() const { return replica_index() * shards() + shard_index(); }
+  const ProcessGroupPtr& dp_group() const { return dp ? dp : world; }
 };
 
 // Splits `world` into `replicas` replicas of world->size() / replicas ranks each (two

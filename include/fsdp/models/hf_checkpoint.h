@@ -84,6 +84,8 @@ struct HfSaveOptions {
   // tokenizer.model, tokenizer.json, tokenizer_config.json, special_tokens_map.json and
   // added_tokens.json are copied when present.
   std::vector<std::string> tokenizer_files;
+  // Tensor parallelism (BuildOptions::tp): each tensor is gathered whole and written once.
+  ProcessGroupPtr tp;
 };
 
 // Collective. Rank 0 writes a Hugging Face directory `dir` of `model` (sharded by fully_shard

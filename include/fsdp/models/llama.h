@@ -236,6 +236,11 @@ std::vector<std::string> parameter_names(const Config& config);
 // parameter_shapes) rank `tp_rank` holds; tensors whole on every rank (norms, row-parallel
 // biases) are absent. Throws InvalidArgument when the heads or key/value heads do not divide.
 std::map<std::string, tp::TpSlice> tp_slices(const Config& config, int tp_size, int tp_rank);
+// The model's layout over the TP group `tp` (tp_slices of its size and rank; empty for null),
+// `dp` the ranks of the same TP index (DeviceMesh::dp): what checkpoints (SaveOptions::tp,
+// LoadOptions::tp) and full state dicts need.
+tp::Layout tp_layout(const Config& config, const ProcessGroupPtr& tp,
+                     const ProcessGroupPtr& dp = nullptr);
 // The heads and key/value heads divide by `tp_size` (InvalidArgument naming them otherwise).
 void validate_tp(const Config& config, int tp_size);
 // Parameters of the model, each tensor once (a tied head adds none).

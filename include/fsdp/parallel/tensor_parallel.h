@@ -23,6 +23,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "fsdp/comm/process_group.h"
 
@@ -42,6 +45,27 @@ struct TpSlice {
   Chunk chunk;
   std::vector<int64_t> full;
 };
+
+// A model's tensor-parallel layout, for checkpoints, exports and norms: the group, and the
+// slice each sliced parameter holds by its state-dict name (optimizer state "<name>#<state>"
+// follows its parameter). Parameters absent are whole and equal on every rank of the group.
+struct Layout {
+  ProcessGroupPtr group;
+  std::map<std::string, TpSlice> slices;
+  // The ranks whose slices have this rank's shapes (DeviceMesh::dp_group()): loads agree on
+  // shapes within it. Null: every rank of the model's world.
+  ProcessGroupPtr dp;
+
+  bool active() const { return group != nullptr && group->size() > 1; }
+  // The slice of a parameter, or of the parameter of an optimizer state entry; null for one
+  // that is whole (or without tensor parallelism).
+  const TpSlice* slice_of(const std::string& name) const;
+};
+
+// The full tensor along `dim` from every rank's chunk of it (forward only: no gradient); `full`
+// is the dimension's full size. Collective over `tp`.
+at::Tensor gather_dim(const at::Tensor& local, int64_t dim, int64_t full,
+                      const ProcessGroupPtr& tp);
 
 // Forward: x (a view of the caller's tensor). Backward: the gradient summed over `tp`.
 // Before a column-parallel matmul whose input is whole on every rank. A null group or a group

@@ -50,10 +50,15 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The model's tensors must be the config's, so that config.json describes the files.
-void check_model_matches(const ShardedStateDict& state, const Config& config) {
+// The model's tensors must be the config's, so that config.json describes the files (under
+// tensor parallelism: this rank's slices of them).
+void check_model_matches(const ShardedStateDict& state, const Config& config,
+                         const tp::Layout& tp) {
   std::map<std::string, std::vector<int64_t>> want;
-  for (auto& [name, shape] : parameter_shapes(config)) want[name] = shape;
+  for (auto& [name, shape] : parameter_shapes(config)) {
+    want[name] = shape;
+    if (const tp::TpSlice* slice = tp.slice_of(name)) want[name][slice->dim] = slice->chunk.length;
+  }
   std::vector<std::string> problems;
   std::set<std::string> seen;
   for (const auto& [name, s] : state) {
@@ -175,6 +180,7 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
   std::vector<std::pair<std::string, std::string>> copies;
   std::string tmp, error;  // error: rank 0's first write error in phase (2)
 
+  const tp::Layout layout = tp_layout(config, options.tp);
   // (1) Checks and the plan.
   agree_on<CheckpointError>(*world, what, [&] {
     if (dir.empty()) throw CheckpointError("the directory name is empty");
@@ -189,7 +195,11 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
     }
     validate(config);
     auto state = get_model_state_dict(model);  // names and global shapes: no communication
-    check_model_matches(state, config);
+    check_model_matches(state, config, layout);
+    // The files hold the full tensors.
+    for (auto& [name, s] : state) {
+      if (const tp::TpSlice* slice = layout.slice_of(name)) s.global_shape = slice->full;
+    }
     if (writer) {
       if (io::path_exists(dir) && (!io::is_directory(dir) || !io::list_directory(dir).empty())) {
         throw CheckpointError(fmt::format(
@@ -211,6 +221,7 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
   gather.rank0_only = true;
   gather.cpu_offload = true;
   gather.dtype = options.dtype;
+  gather.tp = layout;
   try {
     for_each_full_tensor(model, world, gather, [&](const std::string& name, const at::Tensor& t) {
       if (!error.empty()) return;  // keep joining the gathers; write nothing more

@@ -375,6 +375,11 @@ std::map<std::string, tp::TpSlice> tp_slices(const Config& c, int tp_size, int t
   return out;
 }
 
+tp::Layout tp_layout(const Config& c, const ProcessGroupPtr& tp, const ProcessGroupPtr& dp) {
+  if (!tp || tp->size() == 1) return {};
+  return tp::Layout{tp, tp_slices(c, tp->size(), tp->rank()), dp};
+}
+
 std::vector<std::string> parameter_names(const Config& c) {
   std::vector<std::string> names;
   for (auto& [name, shape] : parameter_shapes(c)) names.push_back(name);
