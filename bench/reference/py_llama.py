@@ -5,6 +5,7 @@ or FSDP2 (fully_shard on every decoder layer, then the root) over gloo on CPU, f
   python3 py_llama.py --mode local [--steps 8] [--batch 2]
   python3 py_llama.py --mode fsdp2 --world 2          (spawns its ranks; OMP_NUM_THREADS=1)
   python3 py_llama.py --mode ddp --world 2 --data-tokens train.bin
+  python3 py_llama.py --mode fsdp2 --world 4 --tp 2     (PyTorch's TP + FSDP2 on a 2 x 2 mesh)
 
 Preset `small` (the default): hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate 1536,
 vocab 32000, seq 256, untied head (56.9M parameters); `tiny` is a seconds-long smoke size.
@@ -21,7 +22,7 @@ tokens_per_s is the global batch's tokens over the median step time (the first t
 out when there are more than four); peak_mem_mb is the largest peak RSS of a rank (MiB), and
 peak_mem_mb_ranks each rank's. mfu is 0 on CPU (no peak to divide by).
 """
-import argparse, os, resource, statistics, sys, time
+import argparse, contextlib, os, resource, statistics, sys, time
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,14 @@ def run(rank, world, a):
     elif a.mode == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        if a.tp > 1:
+            # PyTorch's own 2-D: parallelize_module (TorchTitan's Llama plan) on the "tp" dim,
+            # fully_shard on the "dp" dim, the loss over vocabulary shards (loss_parallel).
+            mesh2 = init_device_mesh("cpu", (world // a.tp, a.tp), mesh_dim_names=("dp", "tp"))
+            hf_llama.apply_tensor_parallel(model, mesh2["tp"])
+            mesh = mesh2["dp"]
+        else:
+            mesh = init_device_mesh("cpu", (world,))
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -78,21 +86,30 @@ def run(rank, world, a):
     tokens = hf_llama.read_tokens(a.data_tokens, a.tokens_dtype) if a.data_tokens else None
     if tokens is not None:
         hf_llama.check_vocab(tokens, vocab, a.data_tokens)
-    g = torch.Generator().manual_seed(1 + rank)
+    dp_world, dp_rank = world // a.tp, rank // a.tp  # the TP ranks of one dp rank share a batch
+    g = torch.Generator().manual_seed(1 + dp_rank)
+    loss_context = contextlib.nullcontext
+    if a.tp > 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+        loss_context = loss_parallel
     times = []
     for step in range(a.steps):
         if tokens is not None:
-            inputs, targets = hf_llama.batch_rows(tokens, a.seed, step, rank * a.batch, a.batch, a.seq)
+            inputs, targets = hf_llama.batch_rows(tokens, a.seed, step, dp_rank * a.batch, a.batch,
+                                                  a.seq)
         else:
             rows = torch.randint(0, vocab, (a.batch, a.seq + 1), generator=g)
             inputs, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
-        loss.backward()
+        with loss_context():
+            logits = model(input_ids=inputs, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
+            loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
+        if hasattr(loss, "full_tensor"):
+            loss = loss.full_tensor()
         reported = loss.detach().clone()
         if distributed:
             dist.all_reduce(reported, op=dist.ReduceOp.SUM)  # gloo has no AVG
@@ -105,7 +122,7 @@ def run(rank, world, a):
         peaks = [None] * world
         dist.all_gather_object(peaks, peak)
     med = statistics.median(times[2:] if len(times) > 4 else times)
-    tok_s = a.batch * a.seq * world / med
+    tok_s = a.batch * a.seq * dp_world / med
     if rank == 0:
         print(f"RESULT mode={a.mode} world={world} tokens_per_s={tok_s:.1f} median_step_s={med:.4f} "
               f"peak_mem_mb={max(peaks):.0f} mfu=0.000 "
@@ -124,6 +141,9 @@ def main():
     for k in ["vocab", "hidden", "layers", "heads", "kv_heads", "intermediate", "seq", "batch"]:
         p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--tp", type=int, default=1,
+                   help="with --mode fsdp2: tensor parallelism over groups of this many ranks "
+                        "(a (world / tp, tp) mesh); --batch is then per data-parallel rank")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument("--port", type=int, help="gloo rendezvous port (default from the pid)")
@@ -144,6 +164,8 @@ def main():
         sys.exit(f"py_llama.py: error: {e}")
     if a.steps < 1 or a.batch < 1 or a.seq < 1 or a.world < 1:
         sys.exit("py_llama.py: error: --steps, --batch, --seq and --world must be positive")
+    if a.tp < 1 or a.world % a.tp or (a.tp > 1 and a.mode != "fsdp2"):
+        sys.exit(f"py_llama.py: error: --tp {a.tp} must divide --world {a.world} (with --mode fsdp2)")
     if a.port is None:
         a.port = 20000 + os.getpid() % 20000
     if "RANK" in os.environ:  # under torchrun or scripts/launch.sh
