@@ -17,6 +17,7 @@ import report_hsdp  # noqa: E402
 import report_llama  # noqa: E402
 import report_planner  # noqa: E402
 import report_tiny_units  # noqa: E402
+import report_tp  # noqa: E402
 
 CPU_SMALL = dict(vocab=32000, dim=256, layers=4, seq=128)
 MEMORY_MODEL = dict(vocab=4096, dim=512, layers=16, heads=8)
@@ -156,7 +157,7 @@ def main():
     lines += [""] + report_features.section(res) + report_checkpoint.section(res)
     lines += report_debug.section(res)
     lines += report_llama.section(res) + report_tiny_units.section(res)
-    lines += report_hsdp.section(res) + report_planner.section(res)
+    lines += report_hsdp.section(res) + report_tp.section(res) + report_planner.section(res)
     lines += report_gpu.section(res)
     lines += ["", "## Collectives (float32, busbw = bytes x (n-1)/n / time, as nccl-tests)", ""]
     for name in ("collectives_mpi2.txt", "collectives_mpi4.txt", "collectives_local2.txt"):

@@ -64,7 +64,6 @@ std::string check(const Options& o) {
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
   if (o.train.tp > 1) {
-    if (o.train.plan) return "--plan does not model --tp yet; plan with --tp 1";
     // The heads must split evenly: refused here, before any rank starts communicating.
     try {
       fsdp::models::llama::validate_tp(model_config(o), o.train.tp);

@@ -121,16 +121,22 @@ trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
       fmt::format("Llama hidden {} layers {} heads {} kv heads {} intermediate {} vocab {}",
                   config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
                   config.num_key_value_heads, config.intermediate_size, config.vocab_size);
-  m.units = [&o, config](int64_t sequences, int compute_bytes, bool checkpointed) {
+  m.units = [&o, config](int64_t sequences, int compute_bytes, bool checkpointed, int tp) {
     ll::PlanShape shape;
     shape.model = config;
     shape.seq = o.train.seq;
     shape.batch_per_rank = sequences;
     shape.compute_bytes = compute_bytes;
     shape.activation_checkpointing = checkpointed;
+    shape.tp = tp;
     return ll::plan_units(shape);
   };
-  m.transient_bytes = [config](int64_t tokens) { return ll::loss_transient_bytes(config, tokens); };
+  m.transient_bytes = [config](int64_t tokens, int tp) {
+    // Loss parallel: each rank's gradients of its chunk of the vocabulary.
+    ll::Config local = config;
+    local.vocab_size = fsdp::tp::chunk_of(config.vocab_size, tp, 0).length;
+    return ll::loss_transient_bytes(local, tokens);
+  };
   return m;
 }
 

@@ -74,7 +74,8 @@ trainer::PlanModel plan_model(const Options& o) {
   trainer::PlanModel m;
   m.describe = fmt::format("MiniLLM vocab {} dim {} layers {} heads {}", o.model.vocab, o.model.dim,
                            o.model.layers, o.model.heads);
-  m.units = [&o](int64_t sequences, int compute_bytes, bool checkpointed) {
+  m.units = [&o](int64_t sequences, int compute_bytes, bool checkpointed, int tp) {
+    if (tp > 1) throw fsdp::InvalidArgument("MiniLLM has no tensor parallelism");
     mm::PlanShape shape;
     shape.model = o.model;
     shape.seq = o.train.seq;
@@ -83,7 +84,9 @@ trainer::PlanModel plan_model(const Options& o) {
     shape.activation_checkpointing = checkpointed;
     return mm::plan_units(shape);
   };
-  m.transient_bytes = [&o](int64_t tokens) { return mm::loss_transient_bytes(o.model, tokens); };
+  m.transient_bytes = [&o](int64_t tokens, int) {
+    return mm::loss_transient_bytes(o.model, tokens);
+  };
   return m;
 }
 

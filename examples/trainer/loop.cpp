@@ -138,14 +138,11 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
 // The gradient norm the step needs: clipped (--clip-grad-norm), or only measured for the
 // non-finite guard; 0 when neither.
 double grad_norm_of(const TrainOptions& o, Task& task) {
+  // Under tensor parallelism the norm spans the TP slices too, the same on every rank (a
+  // verdict that differed between TP ranks would desynchronise them).
   if (task.tp.active()) {
-    // Under tensor parallelism the norm spans the TP slices too, the same on every rank (a
-    // verdict that differed between TP ranks would desynchronise them).
-    const fsdp::TensorParallelNorm tp{task.tp.group, [&task](const std::string& name) {
-                                        return task.tp.slice_of(name) != nullptr;
-                                      }};
-    if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, tp);
-    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, tp);
+    if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, task.tp);
+    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, task.tp);
     return 0;
   }
   if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm);

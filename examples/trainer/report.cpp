@@ -62,7 +62,7 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
       "(ZeRO-3: 16 bytes/param / {})\n",
       mib(shard_bytes), mib(3 * shard_bytes),
-      o_.tp > 1 ? fmt::format("{} after / tp {}", dp / o_.replicas, o_.tp)
+      o_.tp > 1 ? fmt::format("(tp {} x {} shards)", o_.tp, dp / o_.replicas)
                 : fmt::format("{}", world / o_.replicas));
   fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",
              o_.init_full_model ? "whole model, then sharded" : "each block sharded as it is built",

@@ -133,6 +133,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
   app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
                  "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
   app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
+  app.add_option("--plan-search", o.plan_search,
+                 "Also print this many of the best layouts of --plan-world ranks (replicas x "
+                 "shards x tensor-parallel degree, TP within a host) that fit "
+                 "--plan-capacity-gib, by communication per step")
+      ->capture_default_str();
 }
 
 namespace {
@@ -177,6 +182,7 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
                        o.plan_ranks_per_host, world);
   }
+  if (o.plan_search < 0) return fmt::format("--plan-search must be >= 0, got {}", o.plan_search);
   if (!(o.plan_capacity_gib >= 0)) {
     return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
   }

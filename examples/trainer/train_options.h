@@ -67,6 +67,7 @@ struct TrainOptions {
   std::string plan_links = "350,45,20";  // busbw GB/s within, between hosts; latency us
   double plan_capacity_gib = 0;          // memory per rank; 0: not checked
   std::string plan_json;                 // write the plan as JSON here
+  int plan_search = 0;                   // also print this many best layouts (dp x tp)
 };
 
 // The defaults that differ between trainers (the rest are TrainOptions' own).

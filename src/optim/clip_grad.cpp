@@ -232,4 +232,23 @@ double clip_grad_norm_(const FSDPModule& model, double max_norm, const TensorPar
   return clip_with(grads, total, max_norm, norm_type, error_if_nonfinite);
 }
 
+namespace {
+TensorParallelNorm norm_of(const tp::Layout& tp) {
+  // A copy of the layout in the predicate: the norm may outlive the caller's.
+  return TensorParallelNorm{tp.group,
+                            [tp](const std::string& name) { return tp.slice_of(name) != nullptr; }};
+}
+}  // namespace
+
+double clip_grad_norm_(const FSDPModule& model, double max_norm, const tp::Layout& tp,
+                       double norm_type, bool error_if_nonfinite) {
+  if (!tp.active()) return clip_grad_norm_(model, max_norm, norm_type, error_if_nonfinite);
+  return clip_grad_norm_(model, max_norm, norm_of(tp), norm_type, error_if_nonfinite);
+}
+
+double total_grad_norm(const FSDPModule& model, const tp::Layout& tp, double norm_type) {
+  if (!tp.active()) return total_grad_norm(model, norm_type);
+  return total_grad_norm(model, norm_of(tp), norm_type);
+}
+
 }  // namespace fsdp

@@ -25,7 +25,7 @@ LAYERS = {
     "launch": {"util", "comm"},
     "parallel": {"util", "comm"},  # tensor parallelism's collectives and loss
     "runtime": {"util", "comm", "detail"},
-    "optim": {"util", "comm", "runtime"},
+    "optim": {"util", "comm", "parallel", "runtime"},
     "checkpoint": {"util", "comm", "io", "parallel", "runtime"},
     "tools": {"util", "runtime"},
     "models": {"comm", "io", "data", "parallel", "runtime", "checkpoint", "optim", "tools"},

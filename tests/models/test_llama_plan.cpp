@@ -10,6 +10,7 @@
 #include "fsdp/tools/memory.h"
 #include "fsdp/tools/planner.h"
 #include "models/llama_test_util.h"
+#include "support/expect_error.h"
 
 namespace fsdp::testing {
 namespace {
@@ -149,6 +150,86 @@ TEST(LlamaPlan, Llama3On8And64Ranks) {
     EXPECT_FALSE(text.empty());
     std::cout << preset << " on " << world << " ranks:\n" << text << "\n";
   }
+}
+
+// Under tensor parallelism the units hold TP rank 0's slices (the largest chunks), each layer
+// sums two activations over the group per forward and the root one, and the plan counts those
+// all-reduces on a "tp" group: forward and backward, and the recompute of checkpointed layers.
+TEST(LlamaPlan, TensorParallelUnitsAreSlicesAndCountTheirAllReduces) {
+  auto c = tiny_llama();
+  for (bool checkpointed : {false, true}) {
+    llama::PlanShape shape{c, 32, 2, 4, checkpointed, /*tp=*/2};
+    auto units = llama::plan_units(shape);
+    const auto slices = llama::tp_slices(c, 2, 0);
+    int64_t want = 0;
+    for (auto [name, full] : llama::parameter_shapes(c)) {
+      if (auto it = slices.find(name); it != slices.end())
+        full[it->second.dim] = it->second.chunk.length;
+      int64_t n = 1;
+      for (auto d : full) n *= d;
+      want += n;
+    }
+    int64_t total = 0;
+    for (const auto& u : units) {
+      for (const auto& p : u.params) total += p.numel();
+    }
+    EXPECT_EQ(total, want);
+    EXPECT_LT(total, llama::parameter_count(c));
+    EXPECT_EQ(units[0].tp_all_reduces, 1);
+    EXPECT_EQ(units[1].tp_all_reduces, 2);
+    EXPECT_EQ(units[1].tp_all_reduce_bytes, 2 * 32 * c.hidden_size * 4);
+    // The layer keeps its heads' and its MLP chunk's activations: less than the whole layer's.
+    llama::PlanShape whole{c, 32, 2, 4, checkpointed};
+    EXPECT_LT(units[1].activation_bytes, llama::plan_units(whole)[1].activation_bytes);
+
+    fsdp::plan::PlanRequest r;
+    r.units = units;
+    r.layout = {4, 1, 0, /*tp=*/2};
+    auto plan = fsdp::plan::make_plan(r);
+    const fsdp::plan::CollectivePlan* tp = nullptr;
+    for (const auto& col : plan.collectives) {
+      if (col.group == "tp") tp = &col;
+    }
+    ASSERT_NE(tp, nullptr);
+    EXPECT_EQ(tp->ranks, 2);
+    // The root (not checkpointed) forward and backward; two layers, recomputed when checkpointed.
+    EXPECT_EQ(tp->calls_per_step, 2 * 1 + 2 * 2 * (checkpointed ? 3 : 2));
+    EXPECT_EQ(plan.collectives[0].ranks, 2);  // FSDP gathers over the 2 data-parallel ranks
+  }
+  expect_error_containing<InvalidArgument>(
+      [&] {
+        llama::plan_units(llama::PlanShape{c, 32, 2, 4, false, 4});
+      },
+      "degree of 4");
+}
+
+// The search over layouts: every choice fits, divides the world, keeps TP within a host and
+// divides the heads; the fastest first.
+TEST(LlamaPlan, LayoutSearchRanksTheLayoutsThatFit) {
+  auto c = *llama::preset_config("llama3-70b");
+  const int64_t capacity = int64_t{141} << 30;
+  auto request_for = [&](const fsdp::plan::Layout& l) {
+    llama::PlanShape shape{c, 8192, 1, 2, true, l.tp};
+    fsdp::plan::PlanRequest r;
+    r.units = llama::plan_units(shape);
+    r.dtypes = {4, 2, 4};
+    r.transient_bytes = llama::loss_transient_bytes(c, 8192) / l.tp;
+    r.comm = fsdp::plan::CommModel::links(350e9, 45e9, 20e-6);
+    return r;
+  };
+  auto best = fsdp::plan::search_layouts(64, 8, 64, request_for, capacity, 5);
+  ASSERT_FALSE(best.empty());
+  for (size_t i = 0; i < best.size(); ++i) {
+    const auto& l = best[i].layout;
+    EXPECT_EQ(l.replicas * l.shards() * l.tp, 64);
+    EXPECT_EQ(8 % l.tp, 0);
+    EXPECT_EQ(c.num_key_value_heads % l.tp, 0);
+    EXPECT_LE(best[i].plan.memory.total, capacity);
+    if (i > 0) {
+      EXPECT_GE(best[i].plan.comm_seconds_per_step, best[i - 1].plan.comm_seconds_per_step);
+    }
+  }
+  std::cout << fsdp::plan::format_layouts(best);
 }
 
 // Start-up without the full model: sharding each layer as it is built (rank 0 of 8, the fake

@@ -16,6 +16,7 @@
 
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/comm/process_group.h"
+#include "fsdp/parallel/tensor_parallel.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp {
@@ -64,6 +65,10 @@ double clip_grad_norm_(const FSDPModule& model, double max_norm, const TensorPar
                        double norm_type = 2.0, bool error_if_nonfinite = false);
 double total_grad_norm(const FSDPModule& model, const TensorParallelNorm& tp,
                        double norm_type = 2.0);
+// The same from a model's tensor-parallel layout (its slices by name; llama::tp_layout).
+double clip_grad_norm_(const FSDPModule& model, double max_norm, const tp::Layout& tp,
+                       double norm_type = 2.0, bool error_if_nonfinite = false);
+double total_grad_norm(const FSDPModule& model, const tp::Layout& tp, double norm_type = 2.0);
 
 double clip_grad_norm_(const FSDPModule& model, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -58,6 +59,7 @@ struct StepShape {
   int64_t batch_per_rank = 0;  // sequences of one micro-batch on one rank
   int compute_bytes = 4;       // 4: fp32; 2: bf16 compute (MixedPrecisionPolicy::param_dtype)
   bool activation_checkpointing = false;  // of every block
+  int tp = 1;  // tensor parallelism: each rank's slices and activations (declared last)
 };
 
 struct UnitSpec {
@@ -70,13 +72,22 @@ struct UnitSpec {
   int64_t checkpoint_input_bytes = 0;
   bool checkpointed = false;
   bool reshard_after_forward = true;  // false for the root (FSDP2's default)
+  // Tensor parallelism (Layout::tp > 1): all-reduces over the TP group each forward of the
+  // unit runs (its row-parallel outputs), each of `tp_all_reduce_bytes`; its backward runs as
+  // many (the gradients of its column-parallel inputs), a checkpointed unit's recompute as
+  // many again. `params` are then this rank's slices.
+  int tp_all_reduces = 0;
+  int64_t tp_all_reduce_bytes = 0;
 };
 
 struct Layout {
   int world = 1;
-  int replicas = 1;        // hybrid sharding: world / replicas ranks per shard group
+  int replicas = 1;        // hybrid sharding: world / (replicas x tp) ranks per shard group
   int ranks_per_host = 0;  // consecutive ranks per machine; 0: all on one
-  int shards() const { return world / replicas; }
+  // Tensor parallelism: groups of tp consecutive ranks split each layer (declared last: the
+  // positional initialisation {world, replicas, ranks_per_host} keeps its meaning).
+  int tp = 1;
+  int shards() const { return world / replicas / tp; }
 };
 
 struct Dtypes {
@@ -137,7 +148,7 @@ struct MemoryPlan {
 };
 
 struct CollectivePlan {
-  std::string group;  // "shard" or "replicate"
+  std::string group;  // "shard", "replicate" or "tp"
   Op op = Op::kAllGather;
   int ranks = 1;
   int64_t calls_per_step = 0;
@@ -158,6 +169,22 @@ Plan make_plan(const PlanRequest& request);
 // nothing).
 MemoryPlan plan_memory(const PlanRequest& request);
 std::vector<CollectivePlan> plan_collectives(const PlanRequest& request);
+// The layouts (replicas x shards x tp) of `world` ranks that fit `capacity_bytes` (0: any),
+// the fastest first by communication per step, then by memory: at most `count`. `request_for`
+// builds the request of one layout (the units depend on the TP degree and the batch per rank);
+// it may throw InvalidArgument for a layout the model cannot take (a TP degree that does not
+// divide its heads), which is skipped. TP degrees are limited to the ranks of one host
+// (ranks_per_host; 8 when 0) and to `max_tp`.
+struct LayoutChoice {
+  Layout layout;
+  Plan plan;
+};
+std::vector<LayoutChoice> search_layouts(
+    int world, int ranks_per_host, int max_tp,
+    const std::function<PlanRequest(const Layout&)>& request_for, int64_t capacity_bytes,
+    size_t count);
+std::string format_layouts(const std::vector<LayoutChoice>& choices);
+
 // A table of the memory per rank and of the collectives per step.
 std::string format_plan(const PlanRequest& request, const Plan& plan);
 // The same as one JSON object (bytes and seconds).

@@ -1,8 +1,9 @@
 // Llama's units for the planner (llama_plan.h: the count, op by op).
+#include "fsdp/models/llama_plan.h"
+
 #include <string>
 
 #include "fsdp/models/llama.h"
-#include "fsdp/models/llama_plan.h"
 
 namespace fsdp::models::llama {
 namespace {
@@ -47,14 +48,33 @@ int64_t loss_transient_bytes(const Config& c, int64_t tokens) {
 }
 
 std::vector<fsdp::plan::UnitSpec> plan_units(const PlanShape& s) {
-  const Config& c = s.model;
+  validate_tp(s.model, s.tp);
+  // Under tensor parallelism a rank computes its heads, its part of the MLP and of the
+  // vocabulary (TP rank 0's chunks, the largest); norms and residuals stay whole.
+  Config c = s.model;
+  if (s.tp > 1) {
+    c.head_dim = s.model.head_size();
+    c.num_attention_heads /= s.tp;
+    c.num_key_value_heads /= s.tp;
+    c.intermediate_size = tp::chunk_of(c.intermediate_size, s.tp, 0).length;
+    c.vocab_size = tp::chunk_of(c.vocab_size, s.tp, 0).length;
+  }
+  const auto slices = tp_slices(s.model, s.tp, 0);
   const int64_t tokens = s.batch_per_rank * s.seq;
+  // Each layer's o and down outputs are summed over the group (the embedding's lookup in the
+  // root), [tokens, hidden] in the compute dtype.
+  const int tp_per_layer = s.tp > 1 ? 2 : 0;
+  const int64_t tp_bytes = tokens * s.model.hidden_size * s.compute_bytes;
   std::vector<fsdp::plan::UnitSpec> units(1);
   units[0].name = "(root)";
   units[0].activation_bytes = root_activation_bytes(c, tokens, s.seq, s.compute_bytes);
   units[0].reshard_after_forward = false;
+  units[0].tp_all_reduces = s.tp > 1 ? 1 : 0;
+  units[0].tp_all_reduce_bytes = tp_bytes;
   const std::string layer_prefix = "model.layers.";
-  for (const auto& [name, shape] : parameter_shapes(c)) {
+  for (auto [name, shape] : parameter_shapes(s.model)) {
+    if (auto it = slices.find(name); it != slices.end())
+      shape[it->second.dim] = it->second.chunk.length;
     if (name.compare(0, layer_prefix.size(), layer_prefix) != 0) {
       units[0].params.push_back(shape_of(shape));  // the embedding, the final norm, the head
       continue;
@@ -67,6 +87,8 @@ std::vector<fsdp::plan::UnitSpec> plan_units(const PlanShape& s) {
       layer.activation_bytes = layer_activation_bytes(c, tokens, s.seq, s.compute_bytes);
       layer.checkpointed = s.activation_checkpointing;
       layer.checkpoint_input_bytes = tokens * c.hidden_size * s.compute_bytes;
+      layer.tp_all_reduces = tp_per_layer;
+      layer.tp_all_reduce_bytes = tp_bytes;
       units.push_back(layer);
     }
     units.back().params.push_back(shape_of(shape));

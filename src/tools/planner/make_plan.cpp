@@ -2,6 +2,8 @@
 // and their table and JSON.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "fsdp/tools/planner.h"
@@ -15,8 +17,12 @@ void check_request(const PlanRequest& r) {
   const Layout& l = r.layout;
   FSDP_CHECK_ARG(!r.units.empty(), "plan: the model has no units");
   FSDP_CHECK_ARG(l.world >= 1, "plan: the world must have at least 1 rank, got {}", l.world);
-  FSDP_CHECK_ARG(l.replicas >= 1 && l.world % l.replicas == 0,
-                 "plan: {} replicas do not divide a world of {} ranks", l.replicas, l.world);
+  FSDP_CHECK_ARG(l.tp >= 1 && l.world % l.tp == 0,
+                 "plan: a tensor-parallel degree of {} does not divide a world of {} ranks", l.tp,
+                 l.world);
+  FSDP_CHECK_ARG(l.replicas >= 1 && (l.world / l.tp) % l.replicas == 0,
+                 "plan: {} replicas do not divide a world of {} ranks{}", l.replicas, l.world,
+                 l.tp > 1 ? fmt::format(" over {} data-parallel ranks", l.world / l.tp) : "");
   FSDP_CHECK_ARG(
       l.ranks_per_host >= 0 && (l.ranks_per_host == 0 || l.world % l.ranks_per_host == 0),
       "plan: {} ranks per host do not divide a world of {} ranks", l.ranks_per_host, l.world);
@@ -57,7 +63,8 @@ Plan make_plan(const PlanRequest& r) {
         "does not fit: a rank needs {:.2f} GiB (parameter shards {:.2f}, gradient shards {:.2f}, "
         "optimizer state {:.2f}, gathered parameters {:.2f}, communication buffers {:.2f}, "
         "activations {:.2f}) but has {:.2f} GiB; {} ranks per replica. Shard over more ranks "
-        "(fewer replicas), checkpoint activations or shrink the batch",
+        "(fewer replicas), split layers over more ranks (tensor parallelism), checkpoint "
+        "activations or shrink the batch",
         gib(m.total), gib(m.param_shards), gib(m.grad_shards), gib(m.optimizer_states),
         gib(m.gathered_params), gib(m.comm_buffers), gib(m.activations), gib(r.capacity_bytes),
         r.layout.shards()));
@@ -69,9 +76,9 @@ std::string format_plan(const PlanRequest& r, const Plan& p) {
   const auto& m = p.memory;
   const Layout& l = r.layout;
   std::string out = fmt::format(
-      "plan: world {} = {} replicas x {} shards{} | {} units | dtypes: params {} B, compute {} B, "
-      "reduce {} B\n",
-      l.world, l.replicas, l.shards(),
+      "plan: world {} = {} replicas x {} shards{}{} | {} units | dtypes: params {} B, compute {} "
+      "B, reduce {} B\n",
+      l.world, l.replicas, l.shards(), l.tp > 1 ? fmt::format(" x tp {}", l.tp) : "",
       l.ranks_per_host > 0 ? fmt::format(" | {} ranks per host", l.ranks_per_host) : "",
       r.units.size(), r.dtypes.param_bytes, r.dtypes.compute_bytes, r.dtypes.reduce_bytes);
   out += "memory per rank (the rank with the most rows):\n";
@@ -100,12 +107,67 @@ std::string format_plan(const PlanRequest& r, const Plan& p) {
   return out;
 }
 
+std::vector<LayoutChoice> search_layouts(
+    int world, int ranks_per_host, int max_tp,
+    const std::function<PlanRequest(const Layout&)>& request_for, int64_t capacity_bytes,
+    size_t count) {
+  FSDP_CHECK_ARG(world >= 1, "plan: the world must have at least 1 rank, got {}", world);
+  const int host = ranks_per_host > 0 ? ranks_per_host : 8;
+  std::vector<LayoutChoice> out;
+  for (int tp = 1; tp <= std::min({world, host, max_tp}); ++tp) {
+    if (world % tp != 0 || host % tp != 0) continue;
+    const int dp = world / tp;
+    for (int replicas = 1; replicas <= dp; ++replicas) {
+      if (dp % replicas != 0) continue;
+      Layout l{world, replicas, ranks_per_host, tp};
+      PlanRequest r;
+      try {
+        r = request_for(l);
+      } catch (const InvalidArgument&) {
+        continue;  // a layout the model cannot take
+      }
+      r.layout = l;
+      r.capacity_bytes = 0;
+      Plan p = make_plan(r);
+      if (capacity_bytes > 0 && p.memory.total > capacity_bytes) continue;
+      out.push_back({l, p});
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
+    if (a.plan.comm_seconds_per_step != b.plan.comm_seconds_per_step) {
+      return a.plan.comm_seconds_per_step < b.plan.comm_seconds_per_step;
+    }
+    return a.plan.memory.total < b.plan.memory.total;
+  });
+  if (out.size() > count) out.resize(count);
+  return out;
+}
+
+std::string format_layouts(const std::vector<LayoutChoice>& choices) {
+  std::string out = fmt::format("{:<26} {:>12} {:>16}   {}\n", "layout (replicas x shards x tp)",
+                                "memory/rank", "comm/step", "by group");
+  for (const auto& c : choices) {
+    std::string groups;
+    std::map<std::string, double> by_group;
+    for (const auto& col : c.plan.collectives) by_group[col.group] += col.seconds_per_step;
+    for (const auto& [g, sec] : by_group) {
+      groups += fmt::format("{}{} {:.1f} ms", groups.empty() ? "" : ", ", g, 1e3 * sec);
+    }
+    out +=
+        fmt::format("{:<31} {:>8.2f} GiB {:>13.1f} ms   {}\n",
+                    fmt::format("{} x {} x {}", c.layout.replicas, c.layout.shards(), c.layout.tp),
+                    gib(c.plan.memory.total), 1e3 * c.plan.comm_seconds_per_step, groups);
+  }
+  return out;
+}
+
 std::string plan_json(const PlanRequest& r, const Plan& p) {
   const auto& m = p.memory;
   nlohmann::json j;
   j["world"] = r.layout.world;
   j["replicas"] = r.layout.replicas;
   j["shards"] = r.layout.shards();
+  j["tp"] = r.layout.tp;
   j["memory"] = {{"param_shards", m.param_shards},
                  {"grad_shards", m.grad_shards},
                  {"optimizer_states", m.optimizer_states},

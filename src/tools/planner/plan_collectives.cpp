@@ -7,14 +7,32 @@ namespace fsdp::plan {
 
 std::vector<CollectivePlan> plan_collectives(const PlanRequest& r) {
   detail::check_request(r);
-  if (detail::passthrough(r)) return {};
   const Layout& l = r.layout;
+  const int rph = l.ranks_per_host;
+  // Tensor parallelism's all-reduces of activations, within each group of tp consecutive ranks.
+  CollectivePlan tp{"tp", Op::kAllReduce, l.tp};
+  if (l.tp > 1) {
+    const bool tp_crosses = rph > 0 && (l.tp > rph || rph % l.tp != 0);
+    for (const auto& u : r.units) {
+      const int64_t calls =
+          r.micro_batches * u.tp_all_reduces * (u.checkpointed ? 3 : 2);  // fwd, bwd, recompute
+      tp.calls_per_step += calls;
+      tp.bytes_per_step += calls * u.tp_all_reduce_bytes;
+      tp.seconds_per_step +=
+          calls * r.comm.seconds(Op::kAllReduce, l.tp, u.tp_all_reduce_bytes, tp_crosses);
+    }
+  }
+  if (detail::passthrough(r)) {
+    if (l.tp > 1) return {tp};
+    return {};
+  }
   const Dtypes& d = r.dtypes;
   const int shards = l.shards();
   const bool hybrid = l.replicas > 1;
   const auto sizes = detail::sizes_of(r);
-  const int rph = l.ranks_per_host;
-  const bool shard_crosses = rph > 0 && (shards > rph || rph % shards != 0);
+  // A shard group's ranks are tp apart: it spans shards x tp consecutive ranks.
+  const int span = shards * l.tp;
+  const bool shard_crosses = rph > 0 && (span > rph || rph % span != 0);
   const bool replicate_crosses = rph > 0 && l.world > rph;
   CollectivePlan ag{"shard", Op::kAllGather, shards}, rs{"shard", Op::kReduceScatter, shards},
       ar{"replicate", Op::kAllReduce, l.replicas};
@@ -46,6 +64,7 @@ std::vector<CollectivePlan> plan_collectives(const PlanRequest& r) {
   }
   std::vector<CollectivePlan> out{ag, rs};
   if (hybrid) out.push_back(ar);
+  if (l.tp > 1) out.push_back(tp);
   return out;
 }
 
