@@ -131,6 +131,10 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
                  "each rank's slices over the world / tp data-parallel ranks")
       ->capture_default_str();
+  app.add_flag("--sp", t.sp,
+               "Sequence parallelism with --tp: norms and residuals on chunks of the sequence "
+               "(all-gather before and reduce-scatter after the split matmuls instead of "
+               "all-reduces); --seq must divide by --tp");
   // The loop's flags, with the usual choices for language models: AdamW betas (0.9, 0.95),
   // weight decay 0.1, a cosine schedule.
   std::string profile_steps;

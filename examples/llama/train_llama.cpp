@@ -86,6 +86,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   if (!o.hf_dir.empty()) {
     ll::HfLoadOptions load;
     load.tp = mesh.tp;
+    load.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) load.on_layer_built = shard_layer;
     load.on_model_built = shard_root;
     auto hf = ll::load_hf_model(o.hf_dir, dist.group, load);
@@ -96,6 +97,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     torch::manual_seed(o.train.seed);
     ll::BuildOptions options;
     options.tp = mesh.tp;
+    options.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) options.on_layer_built = shard_layer;
     b.model = ll::build_llama(b.config, options);
     shard_root(b.model);

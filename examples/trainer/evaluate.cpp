@@ -30,6 +30,7 @@ double validation_loss(const Windows& windows, const LogitsFn& logits, int64_t v
       // Collective under tensor parallelism: every rank computes it, even on an ignored window.
       auto mean = loss_fn(out, batch.targets.to(device));
       if (n == 0) continue;
+      // Validation windows hold no ignored targets: the mean times the count is the sum.
       sum += mean.item<double>() * static_cast<double>(batch.targets.numel());
     } else {
       if (n == 0) continue;

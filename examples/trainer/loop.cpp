@@ -51,13 +51,15 @@ void save(const TrainOptions& o, int steps_done, Task& task, const torch::optim:
   if (dist.group->rank() == 0) fmt::print("saved {} in {:.2f} s\n", path, seconds_since(t0));
 }
 
-// The counters of the world group, and with hybrid sharding of the shard and replicate groups.
-std::vector<fsdp::CollectiveStats> group_stats(const fsdp::DeviceMesh& mesh) {
-  std::vector<fsdp::CollectiveStats> out{mesh.world->stats()};
-  if (mesh.hybrid()) {
-    out.push_back(mesh.shard->stats());
-    out.push_back(mesh.replicate->stats());
-  }
+// The counters of the world group, and of the shard, replicate and tensor-parallel groups when
+// the mesh has them apart from the world, by name.
+std::vector<std::pair<std::string, fsdp::CollectiveStats>> group_stats(
+    const fsdp::DeviceMesh& mesh) {
+  std::vector<std::pair<std::string, fsdp::CollectiveStats>> out{
+      {"the process group", mesh.world->stats()}};
+  if (mesh.shard != mesh.world) out.emplace_back("the shard group", mesh.shard->stats());
+  if (mesh.replicate) out.emplace_back("the replicate group", mesh.replicate->stats());
+  if (mesh.tp) out.emplace_back("the tensor-parallel group", mesh.tp->stats());
   return out;
 }
 
@@ -65,7 +67,7 @@ std::vector<fsdp::CollectiveStats> group_stats(const fsdp::DeviceMesh& mesh) {
 // the communication figures read from its trace, beside the trainer's own exposed time.
 void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
                     const fsdp::DeviceMesh& mesh, double trainer_exposed_s,
-                    const std::vector<fsdp::CollectiveStats>& before) {
+                    const std::vector<std::pair<std::string, fsdp::CollectiveStats>>& before) {
   const int rank = dist.group->rank();
   const auto after = group_stats(mesh);
   std::filesystem::create_directories(o.profile_dir);
@@ -90,11 +92,12 @@ void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
         summary.compute_ms, summary.comm_ms, summary.exposed_comm_ms, 1e3 * trainer_exposed_s,
         100 * summary.overlap);
   }
-  const char* names[] = {"the process group", "the shard group", "the replicate group"};
   for (size_t g = 0; g < after.size(); ++g) {
-    auto issued = [&](fsdp::CollectiveKind k) { return after[g].count(k) - before[g].count(k); };
-    fmt::print("profile: {} issued {} all-gathers, {} reduce-scatters, {} all-reduces\n", names[g],
-               issued(fsdp::CollectiveKind::kAllGather),
+    auto issued = [&](fsdp::CollectiveKind k) {
+      return after[g].second.count(k) - before[g].second.count(k);
+    };
+    fmt::print("profile: {} issued {} all-gathers, {} reduce-scatters, {} all-reduces\n",
+               after[g].first, issued(fsdp::CollectiveKind::kAllGather),
                issued(fsdp::CollectiveKind::kReduceScatter),
                issued(fsdp::CollectiveKind::kAllReduce));
   }
@@ -177,7 +180,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   }
   double profile_comm_before = 0;
   int skipped = 0;  // steps skipped by --nonfinite skip
-  std::vector<fsdp::CollectiveStats> profile_stats_before;
+  std::vector<std::pair<std::string, fsdp::CollectiveStats>> profile_stats_before;
   for (int step = start; step < o.steps; ++step) {
     auto batch = task.train->slice(step, share.index * local_batch, local_batch);
     if (step == o.profile_first) {

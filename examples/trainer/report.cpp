@@ -49,6 +49,7 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
     layout = o_.replicas > 1 ? fmt::format(" as {} replicas x {} shards x tp {}", o_.replicas,
                                            dp / o_.replicas, o_.tp)
                              : fmt::format(" as dp {} x tp {}", dp, o_.tp);
+    if (o_.sp) layout += " with sequence parallelism";
   } else if (o_.replicas > 1) {
     layout = fmt::format(" as {} replicas x {} shards (hybrid sharding)", o_.replicas,
                          world / o_.replicas);

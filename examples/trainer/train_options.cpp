@@ -156,6 +156,12 @@ std::string check(const TrainOptions& o, int world) {
         "the model's matmuls; the world / tp groups see different batches)",
         o.tp, world);
   }
+  if (o.sp && (o.tp < 2 || o.seq % o.tp != 0)) {
+    return fmt::format(
+        "--sp splits the sequence over the --tp ranks: it needs --tp of at least 2 and a --seq "
+        "that divides by it (got --tp {}, --seq {})",
+        o.tp, o.seq);
+  }
   // The data-parallel ranks: each sees its own part of the batch (the TP ranks of one share it).
   const int dp = world / o.tp;
   const std::string over =

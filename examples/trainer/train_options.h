@@ -19,6 +19,7 @@ struct TrainOptions {
   int threads = 0;             // intra-op threads per rank; 0: cores / local ranks
   double comm_timeout_s = 60;  // a collective waiting longer fails the run
   int tp = 1;                  // tensor parallelism (train_llama --tp): ranks splitting each matmul
+  bool sp = false;             // sequence parallelism with it (train_llama --sp)
   int replicas = 1;  // hybrid sharding: model replicas, each sharded over world / replicas ranks
   bool reshard_after_forward = true;
   bool activation_checkpointing = false;

@@ -84,6 +84,11 @@ int run_plan(const TrainOptions& o, const PlanModel& model) {
                o.batch / (o.plan_world / o.tp), o.tp > 1 ? "data-parallel " : "",
                o.grad_accum > 1 ? fmt::format(" in {} micro-batches", o.grad_accum) : "",
                o.activation_checkpointing ? " | activation checkpointing" : "");
+    if (o.sp) {
+      fmt::print(
+          "note: --sp is planned as --tp without it: the activations it splits over the sequence "
+          "and its all-gathers and reduce-scatters are not modeled yet\n");
+    }
     try {
       auto plan = fsdp::plan::make_plan(request);
       fmt::print("{}", fsdp::plan::format_plan(request, plan));

@@ -352,6 +352,10 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
                                torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg,
                                const LoadOptions& options) {
   FSDP_CHECK_ARG(pg != nullptr, "load_checkpoint: the process group is null");
+  FSDP_CHECK_ARG(!options.tp.active() || options.tp.dp != nullptr,
+                 "load_checkpoint: LoadOptions::tp needs its dp group (the ranks of this rank's "
+                 "tensor-parallel index, DeviceMesh::dp_group(); llama::tp_layout(config, "
+                 "mesh.tp, mesh.dp_group())): the optimizer state is installed within it");
   const std::string& dir = path;
   Manifest m;
   Staged staged;
@@ -369,7 +373,7 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   // Under tensor parallelism only the ranks of one TP index hold slices of the same shapes.
   if (optimizer) {
     set_optimizer_state_dict(model, *optimizer, staged.optimizer,
-                             options.tp.active() && options.tp.dp ? options.tp.dp : pg);
+                             options.tp.active() ? options.tp.dp : pg);
   }
   return CheckpointInfo{path, m.step, m.world_size, m.metadata};
 }

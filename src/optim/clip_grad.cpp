@@ -196,13 +196,26 @@ double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
   return clip_with(defined_grads(params), total, max_norm, norm_type, error_if_nonfinite);
 }
 
+namespace {
+// A mesh with tensor parallelism: the norm needs to know which parameters are slices.
+void refuse_tp(const DeviceMesh& mesh, const char* what) {
+  FSDP_CHECK_ARG(mesh.tp_size() == 1,
+                 "{}: the mesh splits layers over {} tensor-parallel ranks, so each rank holds "
+                 "slices and a norm over its parameters alone differs between them; pass the "
+                 "model's tensor-parallel layout ({}(model, ..., tp::Layout), llama::tp_layout)",
+                 what, mesh.tp_size(), what);
+}
+}  // namespace
+
 double total_grad_norm(const std::vector<at::Tensor>& params, const DeviceMesh& mesh,
                        double norm_type) {
+  refuse_tp(mesh, "total_grad_norm");
   return total_grad_norm(params, mesh.shard, norm_type);
 }
 
 double clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                        const DeviceMesh& mesh, double norm_type, bool error_if_nonfinite) {
+  refuse_tp(mesh, "clip_grad_norm_");
   return clip_grad_norm_(params, max_norm, mesh.shard, norm_type, error_if_nonfinite);
 }
 

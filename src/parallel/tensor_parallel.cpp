@@ -1,5 +1,6 @@
 #include "fsdp/parallel/tensor_parallel.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/autograd.h>
 
 #include <limits>
@@ -27,7 +28,80 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   }
 };
 
+// [batch, seq, ...] <-> [seq, batch, ...]: the sequence first, so that each rank's chunk of it
+// is one contiguous block of the flat collectives.
+at::Tensor seq_first(const at::Tensor& x) { return x.transpose(0, 1).contiguous(); }
+
+void check_sequence(const at::Tensor& x, int64_t seq, int size, const char* what) {
+  FSDP_CHECK_ARG(x.dim() >= 2, "tp::{}: a [batch, seq, ...] tensor expected, got {} dimensions",
+                 what, x.dim());
+  FSDP_CHECK_ARG(seq % size == 0,
+                 "tp::{}: sequence parallelism needs the sequence ({} tokens) to divide by the "
+                 "tensor-parallel degree {}",
+                 what, seq, size);
+}
+
+at::Tensor all_gather_seq(const at::Tensor& x, ProcessGroup& g) {
+  auto first = seq_first(x);
+  auto shape = first.sizes().vec();
+  shape[0] *= g.size();
+  auto out = at::empty(shape, first.options());
+  g.all_gather(out, first)->wait();
+  return out.transpose(0, 1).contiguous();
+}
+
+at::Tensor reduce_scatter_seq(const at::Tensor& x, ProcessGroup& g) {
+  auto first = seq_first(x);
+  auto shape = first.sizes().vec();
+  shape[0] /= g.size();
+  auto out = at::empty(shape, first.options());
+  g.reduce_scatter(out, first, ReduceOp::kSum)->wait();
+  return out.transpose(0, 1).contiguous();
+}
+
+// The group travels as an address in the graph: the header's contract is that the group
+// outlives the autograd graph (the model's mesh does).
+ProcessGroup& group_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+}
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            ProcessGroup* tp) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(tp);
+    return all_gather_seq(x, *tp);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {reduce_scatter_seq(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            ProcessGroup* tp) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(tp);
+    return reduce_scatter_seq(x, *tp);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {all_gather_seq(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor gather_sequence(const at::Tensor& x, const ProcessGroupPtr& tp) {
+  if (trivial(tp)) return x;
+  check_sequence(x, x.dim() >= 2 ? x.size(1) * tp->size() : 0, tp->size(), "gather_sequence");
+  return GatherSequence::apply(x, tp.get());
+}
+
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, const ProcessGroupPtr& tp) {
+  if (trivial(tp)) return x;
+  check_sequence(x, x.dim() >= 2 ? x.size(1) : 0, tp->size(), "reduce_scatter_sequence");
+  return ReduceScatterSequence::apply(x, tp.get());
+}
 
 Chunk chunk_of(int64_t full, int size, int rank) {
   FSDP_CHECK_ARG(full >= 0 && size >= 1 && rank >= 0 && rank < size,
@@ -38,7 +112,8 @@ Chunk chunk_of(int64_t full, int size, int rank) {
 }
 
 at::Tensor copy_to_tp(const at::Tensor& x, const ProcessGroupPtr& tp) {
-  if (trivial(tp) || !x.requires_grad()) return x;
+  // No graph (no grad mode, or an input without gradient): nothing to sum in a backward.
+  if (trivial(tp) || !at::GradMode::is_enabled() || !x.requires_grad()) return x;
   // A hook on this view sees the gradient of every use of it summed (q, k and v read the same
   // input): one all-reduce per call, as Megatron's f.
   auto y = x.view_as(x);
@@ -75,21 +150,23 @@ at::Tensor gather_dim(const at::Tensor& local, int64_t dim, int64_t full,
   at::NoGradGuard no_grad;
   const int64_t step = chunk_of(full, size, 0).length;
   // Chunks padded to the first's length, the dimension moved first so that each rank's part is
-  // one contiguous block of the gather.
+  // one contiguous block of the gather; on the group's device (host shards under CPU offload
+  // go through a GPU group), the result back on the caller's.
   auto moved = local.movedim(dim, 0);
   std::vector<int64_t> block_shape = moved.sizes().vec();
   block_shape[0] = step;
-  auto block = at::zeros(block_shape, local.options());
+  const auto on_group = local.options().device(tp->device());
+  auto block = at::zeros(block_shape, on_group);
   block.narrow(0, 0, mine.length).copy_(moved);
   auto all_shape = block_shape;
   all_shape[0] = size * step;
-  auto all = at::empty(all_shape, local.options());
+  auto all = at::empty(all_shape, on_group);
   tp->all_gather(all, block)->wait();
   std::vector<at::Tensor> parts;
   for (int r = 0; r < size; ++r) {
     parts.push_back(all.narrow(0, r * step, chunk_of(full, size, r).length));
   }
-  return at::cat(parts, 0).movedim(0, dim).contiguous();
+  return at::cat(parts, 0).movedim(0, dim).contiguous().to(local.device());
 }
 
 at::Tensor gather_last_dim(const at::Tensor& local, int64_t full, const ProcessGroupPtr& tp) {
@@ -111,6 +188,12 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tenso
                  "the logits; its chunk of a vocabulary of {} is [{}, {})",
                  rank, size, vocab_offset, vocab_offset + local.size(1), vocab, mine.offset,
                  mine.offset + mine.length);
+  // Targets are the same on every rank of the group, so every rank reaches the same verdict.
+  FSDP_CHECK_ARG(
+      (((targets >= 0) & (targets < vocab)) | targets.eq(ignore_index)).all().item<bool>(),
+      "tp::vocab_parallel_cross_entropy: a target is outside the vocabulary [0, {}) "
+      "and is not the ignore index {}",
+      vocab, ignore_index);
   const int64_t n = local.size(0);
   auto x = local.to(at::kFloat);
   // The max over the full vocabulary, per token: it only keeps exp() in range (the result

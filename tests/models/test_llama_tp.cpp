@@ -21,6 +21,9 @@ namespace {
 using torch::Tensor;
 
 double rel_err(const Tensor& got, const Tensor& want) {
+  EXPECT_TRUE(got.defined());
+  if (!got.defined() || got.sizes() != want.sizes()) return 1e9;
+  if (want.numel() == 0) return 0;
   return (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-12);
 }
 
@@ -134,10 +137,13 @@ Tensor slice_of(const Tensor& full, const std::map<std::string, tp::TpSlice>& sl
 
 // Built at TP 2 and 4 from the same seed: each rank holds its slices of the unsplit model's
 // values; the forward gives its logits (gathered) and loss, and the backward each slice of its
-// gradients.
+// gradients (a rank without vocabulary rows too: its empty slices get empty gradients).
 TEST(LlamaTensorParallel, SplitModelIsTheWholeModel) {
-  for (bool tied : {false, true}) {
+  // Vocabulary 5 over 4 ranks: chunks of 2, 2, 1 and none.
+  for (auto [tied, vocab] :
+       {std::pair{false, 1001}, std::pair{true, 1001}, std::pair{false, 5}, std::pair{true, 5}}) {
     auto c = tp_config(tied, 4);
+    c.vocab_size = vocab;
     auto reference = build_seeded(c, 11);
     auto tokens = torch::randint(c.vocab_size, {2, 9}, torch::kLong);
     tokens[0][1] = 3;  // the padding row: no gradient either way
@@ -176,6 +182,53 @@ TEST(LlamaTensorParallel, SplitModelIsTheWholeModel) {
   }
 }
 
+// Sequence parallelism (norms and residuals on chunks of the sequence, all-gather and
+// reduce-scatter around the split matmuls), with biases on every projection: the same logits,
+// loss and gradient slices as the unsplit model; a sequence that does not divide is refused.
+TEST(LlamaTensorParallel, SequenceParallelIsTheWholeModel) {
+  for (bool tied : {false, true}) {
+    auto c = tp_config(tied, 4);
+    c.attention_bias = true;
+    c.mlp_bias = true;
+    auto reference = build_seeded(c, 13);
+    auto tokens = torch::randint(c.vocab_size, {2, 8}, torch::kLong);
+    auto targets = torch::randint(c.vocab_size, {2, 8}, torch::kLong);
+    auto ref_logits = reference->forward(tokens);
+    auto ref_loss = reference->loss(ref_logits, targets);
+    ref_loss.backward();
+    std::map<std::string, Tensor> ref_params;
+    for (const auto& p : reference->named_parameters()) ref_params[p.key()] = p.value();
+    for (int size : {2, 4}) {
+      run_local_ranks(
+          size,
+          [&](const ProcessGroupPtr& g) {
+            llama::BuildOptions o;
+            o.tp = g;
+            o.sequence_parallel = true;
+            auto model = build_seeded(c, 13, o);
+            EXPECT_TRUE(model->sequence_parallel());
+            const auto slices = llama::tp_slices(c, size, g->rank());
+            auto logits = model->forward(tokens);
+            EXPECT_LT(rel_err(model->full_logits(logits), ref_logits), 1e-5) << "tp " << size;
+            auto loss = model->loss(logits, targets);
+            EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5);
+            loss.backward();
+            for (const auto& p : model->named_parameters()) {
+              auto want = slice_of(ref_params[p.key()].grad(), slices, p.key());
+              EXPECT_LT(rel_err(p.value().grad(), want), 1e-5)
+                  << p.key() << " tp " << size << (tied ? " tied" : "");
+            }
+            expect_error_containing<InvalidArgument>(
+                [&] {
+                  model->forward(torch::randint(c.vocab_size, {1, 7}, torch::kLong));
+                },
+                "sequence (7 tokens) to divide by the tensor-parallel degree");
+          },
+          test_options());
+    }
+  }
+}
+
 // A degree that does not divide the heads is refused by name, before anything is built.
 TEST(LlamaTensorParallel, HeadsMustDivide) {
   auto c = tp_config(false, 2);
@@ -190,67 +243,72 @@ TEST(LlamaTensorParallel, HeadsMustDivide) {
 // ranks as it is built), trained by AdamW with the gradient clipped by the global norm: the
 // same losses, norms and parameters as the unsplit model on the whole batch.
 TEST(LlamaTensorParallel, TrainsAsTheWholeModelUnderFsdp) {
-  auto c = tp_config(false, 2);
-  const int steps = 3;
-  const int64_t batch = 4, seq = 8;
-  const double lr = 1e-2, max_norm = 0.5;
-  std::vector<Tensor> inputs, labels;
-  torch::manual_seed(21);
-  for (int s = 0; s < steps; ++s) {
-    inputs.push_back(torch::randint(c.vocab_size, {batch, seq}, torch::kLong));
-    labels.push_back(torch::randint(c.vocab_size, {batch, seq}, torch::kLong));
-  }
-  auto options = torch::optim::AdamWOptions(lr).weight_decay(0.1);
-  auto reference = build_seeded(c, 5);
-  torch::optim::AdamW ref_opt(reference->parameters(), options);
-  std::vector<double> ref_losses, ref_norms;
-  for (int s = 0; s < steps; ++s) {
-    ref_opt.zero_grad();
-    auto loss = reference->loss(reference->forward(inputs[s]), labels[s]);
-    loss.backward();
-    ref_losses.push_back(loss.item<double>());
-    ref_norms.push_back(torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm));
-    ref_opt.step();
-  }
-  std::map<std::string, Tensor> ref_params;
-  for (const auto& p : reference->named_parameters()) ref_params[p.key()] = p.value();
+  for (bool sp : {false, true}) {
+    auto c = tp_config(false, 2);
+    const int steps = 3;
+    const int64_t batch = 4, seq = 8;
+    const double lr = 1e-2, max_norm = 0.5;
+    std::vector<Tensor> inputs, labels;
+    torch::manual_seed(21);
+    for (int s = 0; s < steps; ++s) {
+      inputs.push_back(torch::randint(c.vocab_size, {batch, seq}, torch::kLong));
+      labels.push_back(torch::randint(c.vocab_size, {batch, seq}, torch::kLong));
+    }
+    auto options = torch::optim::AdamWOptions(lr).weight_decay(0.1);
+    auto reference = build_seeded(c, 5);
+    torch::optim::AdamW ref_opt(reference->parameters(), options);
+    std::vector<double> ref_losses, ref_norms;
+    for (int s = 0; s < steps; ++s) {
+      ref_opt.zero_grad();
+      auto loss = reference->loss(reference->forward(inputs[s]), labels[s]);
+      loss.backward();
+      ref_losses.push_back(loss.item<double>());
+      ref_norms.push_back(torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm));
+      ref_opt.step();
+    }
+    std::map<std::string, Tensor> ref_params;
+    for (const auto& p : reference->named_parameters()) ref_params[p.key()] = p.value();
 
-  run_local_ranks(
-      4,
-      [&](const ProcessGroupPtr& world) {
-        auto mesh = make_device_mesh(world, 1, 2);
-        llama::BuildOptions o;
-        o.tp = mesh.tp;
-        o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
-          fully_shard(layer, mesh);
-        };
-        auto model = build_seeded(c, 5, o);
-        auto root = fully_shard(model, mesh);
-        const auto slices = llama::tp_slices(c, mesh.tp_size(), mesh.tp_index());
-        TensorParallelNorm norm{mesh.tp,
-                                [&](const std::string& name) { return slices.count(name) > 0; }};
-        torch::optim::AdamW opt(model->parameters(), options);
-        const int64_t per = batch / mesh.dp_size();
-        for (int s = 0; s < steps; ++s) {
-          opt.zero_grad();
-          auto x = inputs[s].narrow(0, mesh.dp_index() * per, per);
-          auto y = labels[s].narrow(0, mesh.dp_index() * per, per);
-          auto loss = model->loss(root(x), y);
-          loss.backward();
-          auto mean = loss.detach().reshape({1}).clone();
-          world->all_reduce(mean, ReduceOp::kAvg)->wait();
-          EXPECT_NEAR(mean.item<double>(), ref_losses[s], 1e-5 * ref_losses[s]) << "step " << s;
-          const double total = clip_grad_norm_(root, max_norm, norm);
-          EXPECT_NEAR(total, ref_norms[s], 1e-5 * ref_norms[s]) << "step " << s;
-          opt.step();
-        }
-        for (const auto& [name, shard] : parameter_shards(*model)) {
-          auto want = slice_of(ref_params.at(name), slices, name).detach();
-          auto full = gather_full(mesh.shard, shard.local.detach(), want.size(0));
-          EXPECT_LT(rel_err(full, want), 1e-4) << name;
-        }
-      },
-      test_options());
+    run_local_ranks(
+        4,
+        [&](const ProcessGroupPtr& world) {
+          auto mesh = make_device_mesh(world, 1, 2);
+          llama::BuildOptions o;
+          o.tp = mesh.tp;
+          o.sequence_parallel = sp;
+          o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
+            fully_shard(layer, mesh);
+          };
+          auto model = build_seeded(c, 5, o);
+          auto root = fully_shard(model, mesh);
+          const auto slices = llama::tp_slices(c, mesh.tp_size(), mesh.tp_index());
+          TensorParallelNorm norm{mesh.tp,
+                                  [&](const std::string& name) { return slices.count(name) > 0; }};
+          torch::optim::AdamW opt(model->parameters(), options);
+          const int64_t per = batch / mesh.dp_size();
+          for (int s = 0; s < steps; ++s) {
+            opt.zero_grad();
+            auto x = inputs[s].narrow(0, mesh.dp_index() * per, per);
+            auto y = labels[s].narrow(0, mesh.dp_index() * per, per);
+            auto loss = model->loss(root(x), y);
+            loss.backward();
+            auto mean = loss.detach().reshape({1}).clone();
+            world->all_reduce(mean, ReduceOp::kAvg)->wait();
+            EXPECT_NEAR(mean.item<double>(), ref_losses[s], 1e-5 * ref_losses[s])
+                << "step " << s << (sp ? " sp" : "");
+            const double total = clip_grad_norm_(root, max_norm, norm);
+            EXPECT_NEAR(total, ref_norms[s], 1e-5 * ref_norms[s])
+                << "step " << s << (sp ? " sp" : "");
+            opt.step();
+          }
+          for (const auto& [name, shard] : parameter_shards(*model)) {
+            auto want = slice_of(ref_params.at(name), slices, name).detach();
+            auto full = gather_full(mesh.shard, shard.local.detach(), want.size(0));
+            EXPECT_LT(rel_err(full, want), 1e-4) << name << (sp ? " sp" : "");
+          }
+        },
+        test_options());
+  }
 }
 
 }  // namespace

@@ -99,9 +99,10 @@ def check_losses(a, tmp, hf_dir, train, val, env):
              f"--mode={a.standin_mode}", f"--metrics-out={other_metrics}",
              f"--port={20000 + (os.getpid() + 7919) % 20000}"], env, "RESULT ")
     else:
-        other_name = f"fsdp-cpp x{a.world}" + (f" tp {a.tp}" if a.tp > 1 else "")
+        other_name = (f"fsdp-cpp x{a.world}" + (f" tp {a.tp}" if a.tp > 1 else "")
+                      + (" sp" if a.sp else ""))
         run(launch(a, [a.cpp, *common, "--threads=1", "--optimizer=fused-adamw",
-                       f"--metrics-out={other_metrics}"]), env)
+                       f"--metrics-out={other_metrics}"] + (["--sp"] if a.sp else [])), env)
     want, got = read_metrics(ref_metrics, ref_name), read_metrics(other_metrics, other_name)
     if len(want) != a.steps or len(got) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(want)} ({ref_name}), {len(got)} ({other_name})")
@@ -183,6 +184,9 @@ def main():
                    help="tensor parallelism: train_llama --tp, and the reference PyTorch's "
                         "parallelize_module + fully_shard on a (world / tp, tp) mesh")
     p.add_argument("--ref-tp", type=int, help="the reference's TP degree (default: --tp)")
+    p.add_argument("--sp", action="store_true",
+                   help="train_llama --sp (sequence parallelism: the same math; the reference "
+                        "runs PyTorch's TP without it)")
     p.add_argument("--kv-heads", type=int, default=SIZES["kv_heads"],
                    help="key/value heads of the tiny model (4 for --tp 4)")
     p.add_argument("--steps", type=int, default=10)
@@ -207,6 +211,8 @@ def main():
     a = p.parse_args()
     if a.ref_tp is None:
         a.ref_tp = a.tp
+    if a.sp and (a.tp < 2 or a.cpp_standin):
+        p.error("--sp needs --tp of at least 2 and the C++ program")
     for world, tp, flag in [(a.world, a.tp, "--tp"), (a.ref_world or a.world, a.ref_tp, "--ref-tp")]:
         if tp < 1 or world % tp or a.batch % (world // tp):
             p.error(f"{flag} {tp} must divide the world {world}, and world / tp the global batch "

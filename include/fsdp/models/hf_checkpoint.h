@@ -65,6 +65,7 @@ struct HfLoadOptions {
   std::function<void(LlamaForCausalLM&)> on_model_built;
   // Tensor parallelism (BuildOptions::tp): each rank reads only its slice of its rows.
   ProcessGroupPtr tp;
+  bool sequence_parallel = false;  // BuildOptions::sequence_parallel
 };
 struct HfModel {
   Config config;

@@ -75,6 +75,7 @@ class LinearImpl : public torch::nn::Module {
  private:
   TpStyle style_;
   ProcessGroupPtr tp_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(Linear);
 
@@ -93,6 +94,7 @@ class EmbeddingImpl : public torch::nn::Module {
   int64_t padding_idx_;  // -1: none (or not in this rank's rows)
   tp::Chunk rows_;       // this rank's rows of the vocabulary
   ProcessGroupPtr tp_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(Embedding);
 
@@ -105,6 +107,7 @@ class RMSNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
+  ProcessGroupPtr sp_;  // sequence parallelism: the weight's gradient is summed over the group
 };
 TORCH_MODULE(RMSNorm);
 
@@ -124,6 +127,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_, kv_heads_, head_size_;
   ProcessGroupPtr tp_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(Attention);
 
@@ -135,6 +139,7 @@ class MLPImpl : public torch::nn::Module {
 
  private:
   ProcessGroupPtr tp_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(MLP);
 
@@ -167,6 +172,11 @@ struct BuildOptions {
   // divide by the group's size (InvalidArgument naming them otherwise). Null or one rank: none.
   // The forward then returns this rank's chunk of the vocabulary's logits (tp_logits_loss).
   ProcessGroupPtr tp;
+  // With tp: sequence parallelism (TorchTitan's): the activations between the split matmuls
+  // (the norms, the residual stream) are split over the sequence, all-gathered before each
+  // column-parallel matmul and reduce-scattered after each row-parallel one, instead of whole
+  // on every rank and all-reduced. The same math; the sequence must divide by the degree.
+  bool sequence_parallel = false;
 };
 
 // LlamaModel: the child "model" of the root.
@@ -203,8 +213,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // The whole vocabulary's logits from forward's (gathered under tensor parallelism; no
   // gradient then).
   torch::Tensor full_logits(const torch::Tensor& logits) const;
-  // The tensor-parallel group (null without).
+  // The tensor-parallel group (null without), and whether the sequence is split too.
   const ProcessGroupPtr& tp() const { return tp_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
 
   const Config& config() const { return config_; }
   LlamaModel model{nullptr};
@@ -216,6 +227,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  private:
   Config config_;
   ProcessGroupPtr tp_;
+  bool sequence_parallel_ = false;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

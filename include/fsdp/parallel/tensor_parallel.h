@@ -76,6 +76,19 @@ at::Tensor copy_to_tp(const at::Tensor& x, const ProcessGroupPtr& tp);
 // row-parallel matmul (and a vocabulary-parallel lookup).
 at::Tensor reduce_from_tp(const at::Tensor& x, const ProcessGroupPtr& tp);
 
+// Sequence parallelism (Megatron's, TorchTitan's SequenceParallel): between the split matmuls
+// the activations [batch, seq, hidden] are split over the sequence (dim 1) instead of whole on
+// every rank, so norms, residuals and their saved activations cost 1/tp each. The sequence must
+// divide by the group's size (InvalidArgument naming both otherwise).
+// Forward: the whole sequence from every rank's chunk (all-gather); backward: the gradient
+// summed over the group and cut to this rank's chunk (reduce-scatter). Before a column-parallel
+// matmul, in place of copy_to_tp.
+at::Tensor gather_sequence(const at::Tensor& x, const ProcessGroupPtr& tp);
+// Forward: x summed over the group, this rank's chunk of the sequence (reduce-scatter);
+// backward: the gradient's chunks gathered (all-gather). After a row-parallel matmul, in place
+// of reduce_from_tp.
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, const ProcessGroupPtr& tp);
+
 // The full last dimension from every rank's chunk of it (forward only: no gradient), for
 // logits a caller wants whole. `full` is the full size of the last dimension.
 at::Tensor gather_last_dim(const at::Tensor& local, int64_t full, const ProcessGroupPtr& tp);

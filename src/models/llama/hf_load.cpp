@@ -177,6 +177,7 @@ HfModel load_hf_model(const std::string& dir, const ProcessGroupPtr& world,
   build.random_init = false;
   build.on_layer_built = options.on_layer_built;
   build.tp = options.tp;
+  build.sequence_parallel = options.sequence_parallel;
   out.model = build_llama(out.config, build);
   if (options.on_model_built) options.on_model_built(out.model);
   const int tp_size = options.tp ? options.tp->size() : 1;

@@ -26,6 +26,13 @@ torch::TensorOptions options_of(const BuildOptions& o) {
 }
 
 bool tensor_parallel(const BuildOptions& o) { return o.tp != nullptr && o.tp->size() > 1; }
+bool splits_sequence(const BuildOptions& o) { return tensor_parallel(o) && o.sequence_parallel; }
+
+// Before a column-parallel matmul: the input whole on every rank (gathered from the sequence's
+// chunks under sequence parallelism), its gradient summed over the group.
+torch::Tensor to_column_input(const torch::Tensor& x, const ProcessGroupPtr& tp, bool sp) {
+  return sp ? tp::gather_sequence(x, tp) : tp::copy_to_tp(x, tp);
+}
 
 // This rank's chunk along `dim` of a tensor of `shape` (the whole shape without tensor
 // parallelism).
@@ -63,7 +70,9 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
 
 LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std, const BuildOptions& o,
                        TpStyle style)
-    : style_(tensor_parallel(o) ? style : TpStyle::kNone), tp_(o.tp) {
+    : style_(tensor_parallel(o) ? style : TpStyle::kNone),
+      tp_(o.tp),
+      sequence_parallel_(splits_sequence(o)) {
   if (style_ == TpStyle::kNone) {
     weight = register_parameter("weight", init_weight({out, in}, std, o));
     if (with_bias) bias = register_parameter("bias", torch::zeros({out}, options_of(o)));
@@ -79,13 +88,22 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std, cons
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (style_ != TpStyle::kRow) return torch::nn::functional::linear(x, weight, bias);
+  if (sequence_parallel_) {
+    // The partial sums reduce-scattered over the sequence; the bias then meets each rank's
+    // chunk of tokens only, so its gradient is summed over the group.
+    auto y = tp::reduce_scatter_sequence(torch::nn::functional::linear(x, weight), tp_);
+    return bias.defined() ? y + tp::copy_to_tp(bias, tp_) : y;
+  }
   auto y = tp::reduce_from_tp(torch::nn::functional::linear(x, weight), tp_);
   return bias.defined() ? y + bias : y;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, std::optional<int64_t> padding_idx,
                              double std, const BuildOptions& o)
-    : padding_idx_(-1), rows_(chunk_along(o, vocab)), tp_(tensor_parallel(o) ? o.tp : nullptr) {
+    : padding_idx_(-1),
+      rows_(chunk_along(o, vocab)),
+      tp_(tensor_parallel(o) ? o.tp : nullptr),
+      sequence_parallel_(splits_sequence(o)) {
   auto w =
       o.random_init ? init_weight({vocab, dim}, std, o) : init_weight({rows_.length, dim}, std, o);
   // nn.Embedding and HF's _init_weights zero the padding row.
@@ -106,13 +124,20 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
   // so that the sum over the group is the lookup of the whole table (x + 0 is exact).
   auto here = tokens.ge(rows_.offset) & tokens.lt(rows_.offset + rows_.length);
   auto local = (tokens - rows_.offset).masked_fill(here.logical_not(), 0);
-  auto rows = rows_.length > 0 ? torch::embedding(weight, local, padding_idx_, false, false)
-                               : torch::zeros({tokens.size(0), tokens.size(1), weight.size(1)},
-                                              weight.options());
-  return tp::reduce_from_tp(rows * here.unsqueeze(-1).to(rows.scalar_type()), tp_);
+  // A rank without rows (a vocabulary smaller than the degree) still links its (empty) weight
+  // into the graph, so that every rank's parameters get gradients alike.
+  auto rows =
+      rows_.length > 0
+          ? torch::embedding(weight, local, padding_idx_, false, false)
+          : torch::zeros({tokens.size(0), tokens.size(1), 0}, weight.options()).matmul(weight);
+  auto mine = rows * here.unsqueeze(-1).to(rows.scalar_type());
+  // Sequence parallelism: each rank keeps the sum for its chunk of the sequence only.
+  return sequence_parallel_ ? tp::reduce_scatter_sequence(mine, tp_)
+                            : tp::reduce_from_tp(mine, tp_);
 }
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const BuildOptions& o) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const BuildOptions& o)
+    : eps_(eps), sp_(splits_sequence(o) ? o.tp : nullptr) {
   weight = register_parameter("weight", torch::ones({dim}, options_of(o)));
 }
 
@@ -123,7 +148,9 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   auto h = x.to(torch::kFloat);
   auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps_);
-  return weight * h.to(input_dtype);
+  // Under sequence parallelism each rank normalises its chunk of the sequence: the weight's
+  // gradient from every chunk is summed over the group (copy_to_tp's backward).
+  return (sp_ ? tp::copy_to_tp(weight, sp_) : weight) * h.to(input_dtype);
 }
 
 namespace {
@@ -177,7 +204,8 @@ AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_size_(c.head_size()),
-      tp_(tensor_parallel(o) ? o.tp : nullptr) {
+      tp_(tensor_parallel(o) ? o.tp : nullptr),
+      sequence_parallel_(splits_sequence(o)) {
   const double std = c.initializer_range;
   const auto col = TpStyle::kColumn;
   const int64_t d = c.hidden_size;
@@ -189,10 +217,10 @@ AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const int64_t batch = x_in.size(0), seq = x_in.size(1);
   // Under tensor parallelism each rank has heads / tp query heads and kv_heads / tp key/value
   // heads (validate_tp): the same groups, so the same attention per head.
-  const auto x = tp::copy_to_tp(x_in, tp_);
+  const auto x = to_column_input(x_in, tp_, sequence_parallel_);
+  const int64_t batch = x.size(0), seq = x.size(1);
   auto heads_first = [&](const torch::Tensor& t) {
     return t.view({batch, seq, -1, head_size_}).transpose(1, 2);
   };
@@ -219,7 +247,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
 }
 
 MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
-    : tp_(tensor_parallel(o) ? o.tp : nullptr) {
+    : tp_(tensor_parallel(o) ? o.tp : nullptr), sequence_parallel_(splits_sequence(o)) {
   const double std = c.initializer_range;
   const int64_t d = c.hidden_size, i = c.intermediate_size;
   const auto col = TpStyle::kColumn;
@@ -229,7 +257,7 @@ MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x_in) {
-  const auto x = tp::copy_to_tp(x_in, tp_);
+  const auto x = to_column_input(x_in, tp_, sequence_parallel_);
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
@@ -277,7 +305,8 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& o)
     : config_((validate(c), validate_tp(c, o.tp ? o.tp->size() : 1), c)),
-      tp_(tensor_parallel(o) ? o.tp : nullptr) {
+      tp_(tensor_parallel(o) ? o.tp : nullptr),
+      sequence_parallel_(splits_sequence(o)) {
   model = register_module("model", LlamaModel(c, o));
   if (c.tie_word_embeddings) {
     // One tensor under two names, as transformers ties them: sharded, gathered and reduced once.
@@ -292,7 +321,13 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
   // Under tensor parallelism the head is column-parallel over the vocabulary (tied or not: the
   // embedding's rows are the same chunk), and its logits stay split (loss parallel).
-  auto h = tp::copy_to_tp(model->forward(tokens), tp_);
+  if (sequence_parallel_) {
+    FSDP_MODEL_CHECK(tokens.dim() == 2 && tokens.size(1) % tp_->size() == 0,
+                     "llama: sequence parallelism needs the sequence ({} tokens) to divide by the "
+                     "tensor-parallel degree {}",
+                     tokens.dim() == 2 ? tokens.size(1) : 0, tp_->size());
+  }
+  auto h = to_column_input(model->forward(tokens), tp_, sequence_parallel_);
   return tied_head ? torch::nn::functional::linear(h, model->embed_tokens->weight) : lm_head(h);
 }
 
@@ -300,12 +335,13 @@ torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits,
                                          const torch::Tensor& targets) const {
   const int64_t columns = logits.size(-1);
   if (!tp_) {
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, columns}).to(torch::kFloat),
-                                                targets.reshape(-1));
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({targets.numel(), columns}).to(torch::kFloat), targets.reshape(-1));
   }
   const auto c = tp::chunk_of(config_.vocab_size, tp_->size(), tp_->rank());
-  return tp::vocab_parallel_cross_entropy(logits.reshape({-1, columns}), targets.reshape(-1),
-                                          c.offset, config_.vocab_size, tp_);
+  // [tokens, columns] by the targets' count: a rank without columns has no -1 to infer.
+  return tp::vocab_parallel_cross_entropy(logits.reshape({targets.numel(), columns}),
+                                          targets.reshape(-1), c.offset, config_.vocab_size, tp_);
 }
 
 torch::Tensor LlamaForCausalLMImpl::full_logits(const torch::Tensor& logits) const {
