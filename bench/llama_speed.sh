@@ -25,16 +25,7 @@ while [ $# -gt 0 ]; do
 done
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-"$FSDP_PY" - "$tmp" <<'PY'
-import json, sys, numpy as np
-config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
-          "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-          "num_attention_heads": 8, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-          "hidden_act": "silu", "initializer_range": 0.02}
-json.dump(config, open(f"{sys.argv[1]}/config.json", "w"))
-np.random.default_rng(0).integers(0, 32000, 2_000_000).astype("<u2").tofile(f"{sys.argv[1]}/tokens.bin")
-PY
+"$FSDP_PY" "$root/bench/llama_bench_inputs.py" "$tmp"
 csv="$out/llama_speed.csv"
 echo "program,world,round,tokens_per_s,peak_rss_mb" > "$csv"
 cpp() {  # world
