@@ -189,11 +189,19 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local, const at::Tenso
                  rank, size, vocab_offset, vocab_offset + local.size(1), vocab, mine.offset,
                  mine.offset + mine.length);
   // Targets are the same on every rank of the group, so every rank reaches the same verdict.
-  FSDP_CHECK_ARG(
-      (((targets >= 0) & (targets < vocab)) | targets.eq(ignore_index)).all().item<bool>(),
-      "tp::vocab_parallel_cross_entropy: a target is outside the vocabulary [0, {}) "
-      "and is not the ignore index {}",
-      vocab, ignore_index);
+  // On the host a check with a message; on a GPU a device-side assert (as cross_entropy's),
+  // since reading the verdict back would stall every step on a host sync.
+  const auto in_range = (((targets >= 0) & (targets < vocab)) | targets.eq(ignore_index)).all();
+  if (in_range.device().is_cpu()) {
+    FSDP_CHECK_ARG(in_range.item<bool>(),
+                   "tp::vocab_parallel_cross_entropy: a target is outside the vocabulary [0, {}) "
+                   "and is not the ignore index {}",
+                   vocab, ignore_index);
+  } else {
+    at::_assert_async(in_range,
+                      "tp::vocab_parallel_cross_entropy: a target is outside the vocabulary and "
+                      "is not the ignore index");
+  }
   const int64_t n = local.size(0);
   auto x = local.to(at::kFloat);
   // The max over the full vocabulary, per token: it only keeps exp() in range (the result

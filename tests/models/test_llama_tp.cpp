@@ -80,6 +80,18 @@ TEST(TensorParallel, VocabParallelCrossEntropyIsCrossEntropy) {
   }
 }
 
+// A target outside the vocabulary (and not the ignore index) is refused by name, as
+// cross_entropy refuses it, instead of counting a zero target logit.
+TEST(TensorParallel, VocabParallelCrossEntropyRefusesTargetsOutsideTheVocabulary) {
+  auto logits = torch::randn({3, 5});
+  for (int64_t bad : {5, -2}) {
+    auto targets = torch::tensor({int64_t{1}, bad, int64_t{2}}, torch::kLong);
+    expect_error_containing<InvalidArgument>(
+        [&] { tp::vocab_parallel_cross_entropy(logits, targets, 0, 5, nullptr); },
+        "a target is outside the vocabulary [0, 5) and is not the ignore index -100");
+  }
+}
+
 // make_device_mesh(world, replicas, tp) places rank r as init_device_mesh((replicate, shard,
 // tp)) does: TP groups of consecutive ranks, shard groups of one TP index within a replica.
 TEST(TensorParallel, MeshIsInitDeviceMeshs) {
