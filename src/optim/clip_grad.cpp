@@ -247,9 +247,11 @@ double clip_grad_norm_(const FSDPModule& model, double max_norm, const TensorPar
 
 namespace {
 TensorParallelNorm norm_of(const tp::Layout& tp) {
-  // A copy of the layout in the predicate: the norm may outlive the caller's.
-  return TensorParallelNorm{tp.group,
-                            [tp](const std::string& name) { return tp.slice_of(name) != nullptr; }};
+  // The layout by address: the norm lives only for the call that made it (no copy of its
+  // slice map at every step).
+  const tp::Layout* layout = &tp;
+  return TensorParallelNorm{
+      tp.group, [layout](const std::string& name) { return layout->slice_of(name) != nullptr; }};
 }
 }  // namespace
 
