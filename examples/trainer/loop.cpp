@@ -100,6 +100,16 @@ void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
                after[g].first, issued(fsdp::CollectiveKind::kAllGather),
                issued(fsdp::CollectiveKind::kReduceScatter),
                issued(fsdp::CollectiveKind::kAllReduce));
+    auto sent = [&](fsdp::CollectiveKind k) {
+      return static_cast<double>(after[g].second.bytes_of(k) - before[g].second.bytes_of(k)) /
+             (1 << 20);
+    };
+    // Input bytes, what the engine counts: a reduce-scatter's input is the world's gradients.
+    fmt::print(
+        "profile: {} collective inputs per rank: all-gathers {:.2f} MiB, reduce-scatters "
+        "{:.2f} MiB, all-reduces {:.2f} MiB\n",
+        after[g].first, sent(fsdp::CollectiveKind::kAllGather),
+        sent(fsdp::CollectiveKind::kReduceScatter), sent(fsdp::CollectiveKind::kAllReduce));
   }
   fmt::print("profile: waits per unit (training thread)\n{}", fsdp::format_unit_waits(summary));
   if (o.profile_shapes) {
@@ -163,6 +173,10 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   const int64_t local_batch = o.batch / share.count;
   const int64_t startup_peak = fsdp::host_peak_rss_bytes();
   auto opt = make_optimizer(o, *task.module);
+  if (o.quantize_all_gather > 0) {
+    task.root.set_custom_all_gather(fsdp::quantized_all_gather({o.quantize_all_gather}),
+                                    /*recurse=*/true);
+  }
   Reporter report(o, dist, task.info);
   report.header(task.root.memory_stats().sharded_param_bytes, startup_peak,
                 task.train ? task.train->describe() : "none");

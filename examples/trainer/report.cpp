@@ -54,9 +54,12 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
     layout = fmt::format(" as {} replicas x {} shards (hybrid sharding)", o_.replicas,
                          world / o_.replicas);
   }
-  fmt::print("{} | world {}{} | backend {}{} | device {} | dtype {}{}\n", model_.name, world,
+  fmt::print("{} | world {}{} | backend {}{} | device {} | dtype {}{}{}\n", model_.name, world,
              layout, backend, backend == "nccl" ? " " + fsdp::nccl_version() : "",
-             dist_.device.str(), o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "");
+             dist_.device.str(), o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "",
+             o_.quantize_all_gather > 0
+                 ? fmt::format(" | int8 all-gather, blocks of {}", o_.quantize_all_gather)
+                 : "");
   fmt::print("model: {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n", model_.sizes, o_.seq,
              model_.parameters / 1e6, mib(model_.parameters * 4));
   fmt::print(

@@ -41,6 +41,9 @@ struct TrainOptions {
   // none | optimizer (AdamW's moments in host memory, the step on the CPU) | all (FSDP2's
   // CPUOffloadPolicy: sharded parameters, gradients and optimizer state in host memory)
   std::string offload = "none";
+  // > 0: every unit's all-gather sends int8 weights with one scale per this many elements
+  // (fsdp::quantized_all_gather, ZeRO++'s qwZ); 0: the compute dtype.
+  int64_t quantize_all_gather = 0;
 
   // Checkpoints and outputs.
   std::string save_dir;  // sharded checkpoints go here

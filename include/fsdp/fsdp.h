@@ -22,6 +22,7 @@
 #include "fsdp/io/safetensors.h"
 
 // runtime: fully_shard, its public shard view, and what it shares with the tools
+#include "fsdp/runtime/comm_hooks.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/runtime/layout.h"
 #include "fsdp/runtime/lifecycle.h"

@@ -324,6 +324,28 @@ void FSDPModule::set_reduce_scatter_unused_params(bool on, bool recurse) {
   for (auto* u : units_of(*s, recurse)) u->group().settings().reduce_scatter_unused_params = on;
 }
 
+void FSDPModule::set_custom_all_gather(AllGatherComm comm, bool recurse) {
+  auto s = state("set_custom_all_gather");
+  check_not_in_backward(*s, "set_custom_all_gather");
+  for (auto* u : units_of(*s, recurse)) {
+    // Gathered parameters (or a unit that needed no gather) would skip the new hook.
+    u->group().reshard();
+    u->group().settings().hooks.all_gather = comm;
+  }
+}
+
+void FSDPModule::set_custom_reduce_scatter(ReduceScatterComm comm, bool recurse) {
+  auto s = state("set_custom_reduce_scatter");
+  check_not_in_backward(*s, "set_custom_reduce_scatter");
+  for (auto* u : units_of(*s, recurse)) u->group().settings().hooks.reduce_scatter = comm;
+}
+
+void FSDPModule::set_all_reduce_hook(AllReduceHook hook, bool recurse) {
+  auto s = state("set_all_reduce_hook");
+  check_not_in_backward(*s, "set_all_reduce_hook");
+  for (auto* u : units_of(*s, recurse)) u->group().settings().hooks.all_reduce = hook;
+}
+
 MemoryStats FSDPModule::memory_stats() const { return state("memory_stats")->memory_stats(); }
 
 CommStats FSDPModule::comm_stats() const {

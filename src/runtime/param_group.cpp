@@ -221,6 +221,7 @@ void ParamGroup::post_backward() {
   spec.zeros_if_unused = if_unused;
   spec.to_host = offload_;
   spec.pin_host = pin_host_;
+  spec.hooks = settings_.hooks;
   reduction_ = foreach_reduce(params_, reduce_layout_, spec, deferred_, comm_, range_names_);
   comm_->track(reduction_);
 }
@@ -259,7 +260,7 @@ bool ParamGroup::params_in_foreign_graph() const {
 
 void ParamGroup::unshard() {
   if (sharded_ == ShardedState::kUnsharded || gather_.work || params_.empty() ||
-      params_pass_through_) {
+      params_pass_through()) {
     return;
   }
   FSDP_RANGE(range_names_->all_gather);
@@ -284,7 +285,7 @@ void ParamGroup::unshard() {
       all_gather_copy_in(params_, gather_layout_, g.input, /*non_blocking=*/offload_);
     }
     g.output = comm_->take_buffer(group.size() * per_rank, opts);
-    g.work = group.all_gather(g.output, g.input);
+    g.work = issue_all_gather(settings_.hooks, group, g.output, g.input);
   } catch (...) {
     // Nothing was issued: the state stays as it was (a kept post-forward shard stays kept),
     // and buffers taken go back, so a caller that catches (an out-of-memory) can retry.
@@ -297,7 +298,7 @@ void ParamGroup::unshard() {
 }
 
 void ParamGroup::wait_for_unshard() {
-  if (params_.empty() || params_pass_through_) {
+  if (params_.empty() || params_pass_through()) {
     sharded_ = ShardedState::kUnsharded;
     return;
   }
@@ -361,7 +362,7 @@ void ParamGroup::reshard() {
 }
 
 void ParamGroup::reshard_to_post_forward() {
-  if (sharded_ != ShardedState::kUnsharded || params_pass_through_ || params_.empty()) {
+  if (sharded_ != ShardedState::kUnsharded || params_pass_through() || params_.empty()) {
     reshard();
     return;
   }

@@ -21,6 +21,7 @@
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/mixed_precision.h"
+#include "runtime/collectives.h"
 #include "runtime/comm_context.h"
 #include "runtime/fsdp_param.h"
 #include "runtime/reduce.h"
@@ -38,6 +39,7 @@ struct GroupSettings {
   bool requires_all_reduce = true;
   bool reduce_scatter_unused_params = false;
   double gradient_divide_factor = 0;  // 0: the number of ranks
+  CommHooks hooks;  // set_custom_all_gather, set_custom_reduce_scatter, set_all_reduce_hook
 };
 
 // What post_forward does with the full parameters.
@@ -140,8 +142,12 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // One rank holding everything in its own dtype: no copy and no collective is needed (the
   // shard is the full parameter); gradients too unless a divide factor is set.
   bool grads_pass_through() const {
-    return params_pass_through_ && settings_.gradient_divide_factor == 0;
+    return params_pass_through() && settings_.gradient_divide_factor == 0 &&
+           !settings_.hooks.reduce_scatter && !settings_.hooks.all_reduce;
   }
+  // Parameters need no gather (one rank, no cast, no offload) unless a custom all-gather is set:
+  // it runs at any size (a quantized gather rounds the weights at world 1 too).
+  bool params_pass_through() const { return params_pass_through_ && !settings_.hooks.all_gather; }
   void arm_grad_hooks();
   // Rebuilds the reduce layout when the trainable parameters changed (not while this group's
   // reduction is in flight).

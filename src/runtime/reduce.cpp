@@ -195,6 +195,12 @@ void Reduction::finish() {
       deferred_->had_grad[i] = deferred_->had_grad[i] || had_grad_[i];
     }
   } else {
+    // FSDP2's order: the hook sees the reduced (and, hybrid, all-reduced) shard before a custom
+    // factor divides it.
+    if (spec_.hooks.all_reduce) {
+      FSDP_RANGE("fsdp::all_reduce_hook");
+      spec_.hooks.all_reduce(output_);
+    }
     if (spec_.divide_factor > 0) output_.div_(spec_.divide_factor);
     FSDP_RANGE("fsdp::reduce_scatter_copy_out");
     if (spec_.to_host) {
@@ -243,7 +249,7 @@ std::shared_ptr<Reduction> foreach_reduce(std::vector<FsdpParam>& params, const 
     output = comm->take_buffer(layout.total, options);
     // A custom factor divides the sum once at the end; the default averages at each level (the
     // engines' own average, as FSDP2 does).
-    work = spec.shard->reduce_scatter(output, input, op_over(spec, *spec.shard));
+    work = issue_reduce_scatter(spec.hooks, *spec.shard, output, input, op_over(spec, *spec.shard));
   } catch (...) {
     // Nothing was issued: the buffers go back, so the counters stay true (an out-of-memory a
     // caller catches must not leave them inflated).

@@ -12,6 +12,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/layout.h"
+#include "runtime/collectives.h"
 #include "runtime/comm_context.h"
 #include "runtime/fsdp_param.h"
 #include "util/profiler_range.h"
@@ -37,6 +38,8 @@ struct ReduceSpec {
   bool to_host = false;
   // With to_host: the host tensor is pinned where the reduced shard is on a GPU.
   bool pin_host = false;
+  // The custom reduce-scatter and the all-reduce hook (fsdp/runtime/comm_hooks.h).
+  CommHooks hooks;
 };
 
 // Reduced shards kept across backwards for a later all-reduce across replicas, and which

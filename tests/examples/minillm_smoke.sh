@@ -3,7 +3,7 @@
 # step's loss to 1e-5, also with the training features on (accumulation without sync,
 # activation checkpointing, the whole-model start-up), as 2 replicas (hybrid sharding) and with
 # CPU offload (--offload all, --offload optimizer: on this machine the host is the device, the
-# same copies run); the loss falls; and bad flags exit non-zero with a message naming them.
+# same copies run); with the quantized all-gather near them; the loss falls; and bad flags exit non-zero with a message naming them.
 #   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -53,6 +53,20 @@ grep -q "in 2 micro-batches" "$tmp/w2f.log" && grep -q "activation checkpointing
 grep -q "| offload all" "$tmp/w2oall.log" \
   || { echo "the header does not show the offload:"; cat "$tmp/w2oall.log"; fail=1; }
 
+# The quantized weight all-gather: int8 weights in the forward and backward, so the losses stay
+# near world 1's unquantized ones without equalling them, and the header says so.
+"${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --quantize-all-gather 64 --metrics-out "$tmp/w2q.jsonl" \
+  > "$tmp/w2q.log" 2>&1 || { cat "$tmp/w2q.log"; exit 1; }
+paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/w2q.jsonl") > "$tmp/qpairs"
+if ! awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 2e-2 * $1) far = 1; if (d > 0) moved = 1 }
+          END { if (far) { print "quantized losses far from the unquantized ones"; exit 1 }
+                if (!moved) { print "quantized losses equal the unquantized ones"; exit 1 } }' \
+     "$tmp/qpairs"; then
+  cat "$tmp/qpairs"; fail=1
+fi
+grep -q "| int8 all-gather, blocks of 64" "$tmp/w2q.log" \
+  || { echo "the header does not show the quantized all-gather:"; cat "$tmp/w2q.log"; fail=1; }
+
 expect_error() {  # expect_error NEEDLE ARGS...
   local needle="$1"; shift
   if "$bin" "$@" > "$tmp/err.log" 2>&1; then
@@ -74,6 +88,7 @@ expect_error "--replicas 0 must divide the world of 1 ranks" --replicas 0
 expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" --offload optimizer \
   --optimizer adamw
 expect_error "--offload: bogus not in" --offload bogus
+expect_error "--quantize-all-gather is a block size, a multiple of 4" --quantize-all-gather 6
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "${args[@]}" --grad-accum 3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then

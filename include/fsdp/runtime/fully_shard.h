@@ -60,6 +60,7 @@
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/detail/forward_args.h"
+#include "fsdp/runtime/comm_hooks.h"
 #include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/options.h"
 #include "fsdp/runtime/stats.h"
@@ -158,6 +159,16 @@ class FSDPModule {
   // joins the reduce-scatter, with zeros, so that ranks whose graphs differ (an expert or a
   // branch used on some ranks only) neither hang nor mismatch. Every rank must set the same.
   void set_reduce_scatter_unused_params(bool on, bool recurse = true);
+
+  // Communication hooks (comm_hooks.h), FSDP2's of the same names. Each replaces the unit's own
+  // collective (an empty function restores it) from the next one issued; every rank must set
+  // the same. Not recursive unless `recurse` (FSDP2 sets them on one unit). Refused while a
+  // backward of the tree runs; parameters gathered when the all-gather changes are freed.
+  // A custom all-gather runs even over one rank (where the runtime would not gather), so that a
+  // quantized gather rounds the same weights at every world size.
+  void set_custom_all_gather(AllGatherComm comm, bool recurse = false);
+  void set_custom_reduce_scatter(ReduceScatterComm comm, bool recurse = false);
+  void set_all_reduce_hook(AllReduceHook hook, bool recurse = false);
 
   // This rank's accounting: the unit and every unit inside it, and its tree (stats.h).
   MemoryStats memory_stats() const;
