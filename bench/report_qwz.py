@@ -18,10 +18,10 @@ def section(res):
              "ZeRO++'s qwZ: every unit's all-gather sends int8 blocks of 256 elements with one "
              "float32 scale each, dequantized into the compute dtype; shards, gradients and AdamW "
              "keep full precision). Bytes are the engine's count of all-gather input per rank "
-             "per step (two profiled steps); tokens/s is one run's median, indicative only.", "",
+             "per step (two profiled steps).", "",
              "| dtype | all-gather | MiB per rank per step | bytes against unquantized | "
-             "tokens/s | final loss | worst relative loss difference |",
-             "|---|---|---|---|---|---|---|"]
+             "final loss | worst relative loss difference |",
+             "|---|---|---|---|---|---|"]
     for dtype in ("fp32", "bf16"):
         base, quant = summary.get((dtype, "0")), summary.get((dtype, "256"))
         if not base or not quant:
@@ -31,10 +31,10 @@ def section(res):
         worst = max(abs(q[s] - b[s]) / abs(b[s]) for s in steps)
         ratio = float(quant["all_gather_mib_per_step"]) / float(base["all_gather_mib_per_step"])
         lines.append(f"| {dtype} | {dtype} | {float(base['all_gather_mib_per_step']):.2f} | 1 | "
-                     f"{base['tokens_per_s']} | {b[steps[-1]]:.4f} | |")
+                     f"{b[steps[-1]]:.4f} | |")
         lines.append(f"| {dtype} | int8, blocks of 256 | "
                      f"{float(quant['all_gather_mib_per_step']):.2f} | {ratio:.3f} | "
-                     f"{quant['tokens_per_s']} | {q[steps[-1]]:.4f} | {worst:.2e} |")
+                     f"{q[steps[-1]]:.4f} | {worst:.2e} |")
     lines += ["", "The loss curves side by side (every 5th step):", "",
               "| step | fp32 | fp32, int8 gather | bf16 | bf16, int8 gather |",
               "|---|---|---|---|---|"]

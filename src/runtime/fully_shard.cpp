@@ -40,10 +40,14 @@ struct InnerUnits {
   std::vector<std::shared_ptr<UnitState>> all;
 };
 
-InnerUnits inner_units(const torch::nn::Module& module) {
+// Each unit once: a unit of several modules is found through each of them.
+InnerUnits inner_units(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   InnerUnits out;
-  for (const auto& sub : module.modules(/*include_self=*/false)) {
-    if (auto s = unit_state_of(*sub)) {
+  std::unordered_set<const UnitState*> seen;
+  for (const auto& module : modules) {
+    for (const auto& sub : module->modules(/*include_self=*/false)) {
+      auto s = unit_state_of(*sub);
+      if (!s || !seen.insert(s.get()).second) continue;
       out.all.push_back(s);
       if (s->is_root()) out.direct.push_back(s);
     }
@@ -59,13 +63,23 @@ bool module_within(const torch::nn::Module* m, const torch::nn::Module& root) {
   return false;
 }
 
+// Whether `m` is one of the unit's modules or inside one.
+bool module_within_unit(const torch::nn::Module* m, const UnitState& unit) {
+  const auto modules = unit.modules();
+  if (modules.empty()) return true;  // destroyed: nothing to compare against
+  for (const auto& own : modules) {
+    if (module_within(m, *own)) return true;
+  }
+  return false;
+}
+
 // The module's parameters that no inner unit owns and that are not ignored, each tensor once (a
 // tensor registered under several names, a tied embedding and head, is one parameter, as in
 // FSDP2), checked: not shared with an inner unit, at least 1-d, on the group's device type,
 // floating, one dtype.
 std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
-    const torch::nn::Module& module, const ProcessGroup& pg, const InnerUnits& inner,
-    const std::vector<at::Tensor>& ignored, bool offload) {
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules, const ProcessGroup& pg,
+    const InnerUnits& inner, const std::vector<at::Tensor>& ignored, bool offload) {
   std::unordered_map<const c10::TensorImpl*, const UnitState*> owned;
   for (const auto& s : inner.all) {
     for (const auto& p : s->group().params()) owned[p.param().unsafeGetTensorImpl()] = s.get();
@@ -76,60 +90,64 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
   // owns alone from one it shares with a module outside that unit.
   using Registration = std::pair<std::string, const torch::nn::Module*>;
   std::unordered_map<const c10::TensorImpl*, std::vector<Registration>> registrations;
-  for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
-      auto name = item.key().empty() ? p.key() : item.key() + "." + p.key();
-      registrations[p.value().unsafeGetTensorImpl()].emplace_back(name, item.value().get());
+  for (const auto& module : modules) {
+    for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+      for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+        auto name = item.key().empty() ? p.key() : item.key() + "." + p.key();
+        registrations[p.value().unsafeGetTensorImpl()].emplace_back(name, item.value().get());
+      }
     }
   }
   std::vector<std::pair<std::string, at::Tensor>> params;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& p = item.value();
-    const auto* impl = p.unsafeGetTensorImpl();
-    if (!seen.insert(impl).second || skip.count(impl)) continue;  // another name; ignored
-    auto owner = owned.find(impl);
-    if (owner != owned.end()) {
-      auto inner_module = owner->second->module();
-      for (const auto& [name, where] : registrations[impl]) {
-        FSDP_CHECK_ARG(!inner_module || module_within(where, *inner_module),
-                       "fully_shard: parameter '{}' of {} is the same tensor as a parameter of "
-                       "the inner fully_shard unit {}, which shards it alone; a tensor shared "
-                       "between two units (a tied embedding and output head in different "
-                       "units) is not supported: keep the modules that share it in one unit",
-                       name, module.name(), owner->second->describe());
+  std::unordered_set<const c10::TensorImpl*> seen;  // across the modules: a tensor they share
+  for (const auto& module_ptr : modules) {
+    const torch::nn::Module& module = *module_ptr;
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+      const at::Tensor& p = item.value();
+      const auto* impl = p.unsafeGetTensorImpl();
+      if (!seen.insert(impl).second || skip.count(impl)) continue;  // another name; ignored
+      auto owner = owned.find(impl);
+      if (owner != owned.end()) {
+        for (const auto& [name, where] : registrations[impl]) {
+          FSDP_CHECK_ARG(module_within_unit(where, *owner->second),
+                         "fully_shard: parameter '{}' of {} is the same tensor as a parameter of "
+                         "the inner fully_shard unit {}, which shards it alone; a tensor shared "
+                         "between two units (a tied embedding and output head in different "
+                         "units) is not supported: keep the modules that share it in one unit",
+                         name, module.name(), owner->second->describe());
+        }
+        continue;  // an inner unit's parameter
       }
-      continue;  // an inner unit's parameter
+      const ShardMark* other = shard_mark(p);
+      FSDP_CHECK_ARG(other == nullptr,
+                     "fully_shard: parameter '{}' of {} already belongs to another fully_shard "
+                     "unit, {}, that is not inside this module; shard inner modules before the "
+                     "modules that contain them, and do not share parameters between units",
+                     item.key(), module.name(), other ? other->owner : "");
+      FSDP_CHECK_ARG(p.dim() >= 1,
+                     "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
+                     "give it shape [1]",
+                     item.key());
+      // With offload the shards go to host memory: the parameters may start there.
+      FSDP_CHECK_ARG(p.device().type() == pg.device_type() || (offload && p.is_cpu()),
+                     "fully_shard: parameter '{}' is on {} but the {} process group works on {} "
+                     "tensors",
+                     item.key(), p.device().str(), pg.backend_name(),
+                     c10::DeviceTypeName(pg.device_type(), true));
+      FSDP_CHECK_ARG(p.is_floating_point(),
+                     "fully_shard: parameter '{}' has dtype {}; expected a floating dtype",
+                     item.key(), c10::toString(p.scalar_type()));
+      if (!params.empty()) {
+        FSDP_CHECK_ARG(p.scalar_type() == params.front().second.scalar_type(),
+                       "fully_shard: {} mixes parameter dtypes ('{}' is {}, '{}' is {}); one "
+                       "unit is one communication buffer of one dtype: shard them in separate "
+                       "units",
+                       module.name(), params.front().first,
+                       c10::toString(params.front().second.scalar_type()), item.key(),
+                       c10::toString(p.scalar_type()));
+      }
+      params.emplace_back(item.key(), p);
     }
-    const ShardMark* other = shard_mark(p);
-    FSDP_CHECK_ARG(other == nullptr,
-                   "fully_shard: parameter '{}' of {} already belongs to another fully_shard "
-                   "unit, {}, that is not inside this module; shard inner modules before the "
-                   "modules that contain them, and do not share parameters between units",
-                   item.key(), module.name(), other ? other->owner : "");
-    FSDP_CHECK_ARG(p.dim() >= 1,
-                   "fully_shard: parameter '{}' is a scalar (0-d); FSDP shards dim 0, so "
-                   "give it shape [1]",
-                   item.key());
-    // With offload the shards go to host memory: the parameters may start there.
-    FSDP_CHECK_ARG(p.device().type() == pg.device_type() || (offload && p.is_cpu()),
-                   "fully_shard: parameter '{}' is on {} but the {} process group works on {} "
-                   "tensors",
-                   item.key(), p.device().str(), pg.backend_name(),
-                   c10::DeviceTypeName(pg.device_type(), true));
-    FSDP_CHECK_ARG(p.is_floating_point(),
-                   "fully_shard: parameter '{}' has dtype {}; expected a floating dtype",
-                   item.key(), c10::toString(p.scalar_type()));
-    if (!params.empty()) {
-      FSDP_CHECK_ARG(p.scalar_type() == params.front().second.scalar_type(),
-                     "fully_shard: {} mixes parameter dtypes ('{}' is {}, '{}' is {}); one "
-                     "unit is one communication buffer of one dtype: shard them in separate "
-                     "units",
-                     module.name(), params.front().first,
-                     c10::toString(params.front().second.scalar_type()), item.key(),
-                     c10::toString(p.scalar_type()));
-    }
-    params.emplace_back(item.key(), p);
   }
   return params;
 }
@@ -171,26 +189,50 @@ std::shared_ptr<UnitState> unit_state_of(const torch::nn::Module& module) {
 void shard_module(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
                   FullyShardOptions options) {
   FSDP_CHECK_ARG(module != nullptr, "fully_shard: the module is empty (a null holder)");
+  shard_modules({module}, mesh, std::move(options));
+}
+
+void shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                   const DeviceMesh& mesh, FullyShardOptions options) {
+  FSDP_CHECK_ARG(!modules.empty(), "fully_shard: the list of modules is empty");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    FSDP_CHECK_ARG(modules[i] != nullptr, "fully_shard: module {} of the list is empty", i);
+    for (size_t j = 0; j < modules.size(); ++j) {
+      if (i == j) continue;
+      FSDP_CHECK_ARG(modules[i] != modules[j] && !module_within(modules[j].get(), *modules[i]),
+                     "fully_shard: module {} ({}) of the list {} module {} ({}); the modules of "
+                     "one unit must be disjoint",
+                     j, modules[j]->name(),
+                     modules[i] == modules[j] ? "is the same as" : "is inside", i,
+                     modules[i]->name());
+    }
+  }
   FSDP_CHECK_ARG(mesh.shard != nullptr, "fully_shard: the process group is null");
   FSDP_CHECK_ARG(!mesh.replicate || mesh.replicate->device_type() == mesh.shard->device_type(),
                  "fully_shard: the replicate group's device type ({}) differs from the shard "
                  "group's ({})",
                  c10::DeviceTypeName(mesh.replicate->device_type(), true),
                  c10::DeviceTypeName(mesh.shard->device_type(), true));
-  FSDP_CHECK_ARG(!unit_state_of(*module),
-                 "fully_shard: {} was already sharded; call fully_shard once per module",
-                 module->name());
+  for (const auto& module : modules) {
+    FSDP_CHECK_ARG(!unit_state_of(*module),
+                   "fully_shard: {} was already sharded; call fully_shard once per module",
+                   module->name());
+  }
   DeviceMesh m = mesh;
   // One replica is plain FSDP: no all-reduce to issue.
   if (m.replicate && m.replicate->size() == 1) m.replicate.reset();
-  auto inner = inner_units(*module);
-  auto params = collect_own_params(*module, *m.shard, inner, options.ignored_params,
+  auto inner = inner_units(modules);
+  auto params = collect_own_params(modules, *m.shard, inner, options.ignored_params,
                                    options.offload_policy.has_value());
   auto post_forward = post_forward_group(m.shard, options.reshard_after_forward_ranks);
-  auto state = std::make_shared<UnitState>(module, m, std::move(options), std::move(params),
+  auto state = std::make_shared<UnitState>(modules, m, std::move(options), std::move(params),
                                            std::move(post_forward));
   for (auto& c : inner.direct) state->adopt(c);
-  module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
+  // Every member carries the state, so each finds the unit (its forward, FSDPModule) and an
+  // outer unit finds it through any of them.
+  for (const auto& module : modules) {
+    module->register_module(kStateHolderName, std::make_shared<StateHolderImpl>(state));
+  }
   release_freed_heap_memory();
 }
 
@@ -203,6 +245,19 @@ std::shared_ptr<detail::UnitState> FSDPModule::state(const char* what) const {
   FSDP_CHECK_ARG(s != nullptr, "{}: fully_shard was not applied to this module", what);
   s->tree().recover_if_stale();
   return s;
+}
+
+std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules,
+                                    const ProcessGroupPtr& pg, FullyShardOptions options) {
+  return fully_shard(modules, flat_mesh(pg), std::move(options));
+}
+
+std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules, const DeviceMesh& mesh,
+                                    FullyShardOptions options) {
+  std::vector<std::shared_ptr<torch::nn::Module>> nn;
+  for (const auto& m : modules) nn.push_back(m.nn_module());
+  detail::shard_modules(nn, mesh, std::move(options));
+  return modules;
 }
 
 std::vector<at::Tensor> FSDPModule::parameters() const {

@@ -43,12 +43,17 @@ void Tree::init(UnitState& root) {
   auto self = shared_from_this();
   for (UnitState* s : tree) s->group().join(self);
   // Names for messages and profiler ranges: each unit's module path in the root.
+  // A unit of several modules is named by its members' paths joined with '+'.
   if (auto module = root.module()) {
+    std::vector<std::string> names(tree.size());
     for (const auto& item : module->named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-      for (UnitState* s : tree) {
-        if (s->module().get() == item.value().get())
-          s->set_name(item.key().empty() ? "(root)" : item.key());
+      for (size_t i = 0; i < tree.size(); ++i) {
+        if (!tree[i]->has_module(item.value().get())) continue;
+        names[i] += (names[i].empty() ? "" : "+") + (item.key().empty() ? "(root)" : item.key());
       }
+    }
+    for (size_t i = 0; i < tree.size(); ++i) {
+      if (!names[i].empty()) tree[i]->set_name(names[i]);
     }
   }
   initialised_ = true;

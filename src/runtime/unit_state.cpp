@@ -10,14 +10,24 @@
 
 namespace fsdp::detail {
 
-UnitState::UnitState(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
-                     FullyShardOptions options,
+namespace {
+
+std::string class_names(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  std::string out;
+  for (const auto& m : modules) out += (out.empty() ? "" : ", ") + m->name();
+  return out;
+}
+
+}  // namespace
+
+UnitState::UnitState(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                     const DeviceMesh& mesh, FullyShardOptions options,
                      std::vector<std::pair<std::string, at::Tensor>> params,
                      ProcessGroupPtr post_forward)
-    : module_(module),
+    : modules_(modules.begin(), modules.end()),
       options_(std::move(options)),
       group_(std::make_shared<ParamGroup>(std::move(params), mesh, options_.mp_policy,
-                                          std::move(post_forward), module->name(),
+                                          std::move(post_forward), class_names(modules),
                                           options_.offload_policy)) {
   group_->settings().reshard_after_forward = options_.reshard_after_forward;
   group_->set_gradients_per_use(options_.activation_checkpointing);
@@ -34,9 +44,27 @@ void UnitState::set_name(const std::string& name) {
   group_->set_unit_name(name);
 }
 
+std::vector<std::shared_ptr<torch::nn::Module>> UnitState::modules() const {
+  std::vector<std::shared_ptr<torch::nn::Module>> out;
+  for (const auto& w : modules_) {
+    if (auto m = w.lock()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+bool UnitState::has_module(const torch::nn::Module* m) const {
+  for (const auto& w : modules_) {
+    if (auto own = w.lock(); own && own.get() == m) return true;
+  }
+  return false;
+}
+
 std::string UnitState::describe() const {
-  auto m = module();
-  const std::string cls = m ? m->name() : "destroyed module";
+  std::string cls;
+  for (const auto& w : modules_) {
+    auto m = w.lock();
+    cls += (cls.empty() ? "" : ", ") + (m ? m->name() : std::string("destroyed module"));
+  }
   return name_.empty() ? fmt::format("unit {}", cls) : fmt::format("unit '{}' ({})", name_, cls);
 }
 
@@ -45,6 +73,8 @@ std::string UnitState::describe() const {
 void UnitState::pre_forward() {
   FSDP_RANGE(group_->range_names().pre_forward);
   Tree& tree = group_->tree();
+  // A later member of a unit of several modules: the unit's pre-forward ran with the first.
+  if (members_ran_ > 0 && tree.recompute_depth() == 0) return;
   if (tree.recompute_depth() > 0) {
     // Inside a checkpointed unit's recompute: gather for the backward that follows; the
     // forward order (prefetch) and the unit's place in this backward (its training state)
@@ -118,6 +148,9 @@ void UnitState::post_forward(bool hooked_outputs) {
   // In a recompute the backward follows at once: keep the parameters, leave the order and the
   // training state alone.
   if (tree.recompute_depth() > 0) return;
+  // A unit of several modules frees after the last of them.
+  if (modules_.size() > 1 && ++members_ran_ < modules_.size()) return;
+  members_ran_ = 0;
   const bool grad_mode = at::GradMode::is_enabled();
   if (is_root() && grad_mode) check_checkpointed_units_ran(tree);
   post_forward_index_ = tree.record_post_forward(this);
@@ -132,6 +165,7 @@ void UnitState::post_forward(bool hooked_outputs) {
 void UnitState::forward_failed() {
   Tree& tree = group_->tree();
   if (tree.recompute_depth() > 0) return;  // the backward fails with it; reset follows
+  members_ran_ = 0;
   group_->post_forward(AfterForward::kFree);
   // The root's forward is the step's: nothing of it can be backpropagated.
   if (is_root()) tree.reset();
@@ -193,11 +227,13 @@ void UnitState::on_input_grad() {
 }
 
 void UnitState::end_backward() {
+  members_ran_ = 0;
   group_->finalize_backward();
   inputs_wrapped_ = inputs_grad_seen_ = 0;
 }
 
 void UnitState::reset_step() {
+  members_ran_ = 0;
   group_->reset();
   inputs_wrapped_ = inputs_grad_seen_ = 0;
   post_forward_index_ = -1;

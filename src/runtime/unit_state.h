@@ -28,12 +28,20 @@ struct PrefetchSettings {
 
 class UnitState : public std::enable_shared_from_this<UnitState> {
  public:
-  // `post_forward` (may be null): the smaller group of reshard_after_forward_ranks.
-  UnitState(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
+  // `modules`: one, or the members of one unit made of several (fully_shard of a list: one
+  // gather before the first member's forward, freed after the last's). `post_forward` (may be
+  // null): the smaller group of reshard_after_forward_ranks.
+  UnitState(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, const DeviceMesh& mesh,
             FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params,
             ProcessGroupPtr post_forward);
 
-  std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
+  // The (first) module; null once it is destroyed.
+  std::shared_ptr<torch::nn::Module> module() const { return modules_.front().lock(); }
+  // The modules still alive.
+  std::vector<std::shared_ptr<torch::nn::Module>> modules() const;
+  // Whether `m` is one of the unit's modules.
+  bool has_module(const torch::nn::Module* m) const;
+  size_t module_count() const { return modules_.size(); }
   bool is_root() const { return !has_parent_; }
   ParamGroup& group() { return *group_; }
   const ParamGroup& group() const { return *group_; }
@@ -82,7 +90,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // parameters are in this forward's graph, but the unit did not run) is an error.
   static void check_checkpointed_units_ran(const Tree& tree);
 
-  std::weak_ptr<torch::nn::Module> module_;
+  std::vector<std::weak_ptr<torch::nn::Module>> modules_;
+  // A unit of several modules: members whose forward ran since its pre-forward; the last one's
+  // post-forward is the unit's.
+  size_t members_ran_ = 0;
   FullyShardOptions options_;
   std::shared_ptr<ParamGroup> group_;
   std::string name_;  // qualified name in the root's tree, set by the root's lazy init

@@ -76,6 +76,9 @@ std::shared_ptr<UnitState> unit_state_of(const torch::nn::Module& module);
 // fully_shard's work (src/runtime/fully_shard.cpp).
 void shard_module(const std::shared_ptr<torch::nn::Module>& module, const DeviceMesh& mesh,
                   FullyShardOptions options);
+// Several modules as one unit (fully_shard of a list).
+void shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                   const DeviceMesh& mesh, FullyShardOptions options);
 
 // A unit's method on its tensor arguments, in order; its outputs flattened to a list (empty
 // when the outputs are not made of tensors).
@@ -299,5 +302,17 @@ Unit<Holder> fully_shard(Unit<Holder>& unit, const DeviceMesh& mesh,
                          FullyShardOptions options = {}) {
   return fully_shard(unit.module(), mesh, std::move(options));
 }
+
+// FSDP2's fully_shard([m1, m2]): several modules' parameters as one unit (the final norm with
+// the output head; the experts of a layer): one all-gather before the first of them runs its
+// forward, freed after the last one's (each member once per forward, through its fsdp::Unit),
+// and one reduce-scatter once all their gradients are in. The members must be disjoint (none
+// inside another) and not sharded yet. Returns the members, each an FSDPModule of the same unit
+// (its switches act on the whole unit; parameters() gives that member's). An outer unit sharded
+// later adopts it once, as any inner unit.
+std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules,
+                                    const ProcessGroupPtr& pg, FullyShardOptions options = {});
+std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules, const DeviceMesh& mesh,
+                                    FullyShardOptions options = {});
 
 }  // namespace fsdp
