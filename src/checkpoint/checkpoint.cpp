@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/dim_shards.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/rank_file.h"
 #include "fsdp/checkpoint/state_dict.h"
@@ -181,8 +182,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
     }
   });
 
-  // Under tensor parallelism: every tensor as rows of the full one (collective over the TP
-  // group for slices of columns, in state order, which every rank shares).
+  // Shards of a dim other than 0 as rows (collective over their shard groups, in state order),
+  // then under tensor parallelism every tensor as rows of the full one (collective over the TP
+  // group for slices of columns, in the same order).
+  for (auto& entry : state) entry.second = detail::as_rows(entry.second);
   if (options.tp.active()) state = full_frame(std::move(state), options.tp);
 
   std::string entries;
@@ -231,6 +234,14 @@ at::Tensor read_rows_like(const std::string& dir, const StoredTensor& t, int64_t
 // slice's columns for a column slice.
 at::Tensor read_local(const std::string& dir, const StoredTensor& st, const std::string& name,
                       const ShardedTensor& p, const tp::Layout& tp) {
+  if (p.shard_dim != 0 && !p.replicated) {
+    // A chunk of another dim (Shard(d > 0)): every row of the tensor, then this rank's chunk.
+    ShardedTensor whole = p;
+    whole.local = at::empty(p.global_shape, p.local.options().device(at::kMeta));
+    whole.row_offset = 0;
+    whole.shard_dim = 0;
+    return detail::chunk_for(read_local(dir, st, name, whole, tp), p).contiguous();
+  }
   const tp::TpSlice* slice = tp.slice_of(name);
   if (!slice || p.global_shape.size() != slice->full.size()) {
     return read_rows_like(dir, st, p.row_offset, p.rows(), p.local.sizes().vec());
@@ -316,6 +327,10 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
         s.global_shape = p.global_shape;
         s.row_offset = p.row_offset;
         s.replicated = p.replicated;
+        s.shard_dim = p.shard_dim;
+        s.shard_group = p.shard_group;
+        s.replica = p.replica;
+        s.replicate_group = p.replicate_group;
       } else {
         s.local = read_rows_like(dir, t, 0, t.shape.empty() ? 1 : t.shape[0], t.shape);
         s.replicated = true;

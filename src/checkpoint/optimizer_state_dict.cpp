@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/dim_shards.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/redistribute.h"
 #include "fsdp/checkpoint/state_dict.h"
@@ -139,23 +140,40 @@ void set_optimizer_state_dict(const torch::nn::Module& model, torch::optim::Opti
 
   // Targets: this rank's rows of each state tensor (shaped like the parameter's rows), and the
   // scalars; filled by one redistribution in name order (the same on every rank).
+  // Shards of a dim other than 0 (the parameter's, or the state's as saved) move as rows of the
+  // same sharding and become chunks after (dim_shards.h), collectively in name order.
   std::vector<detail::Move> moves;
   std::vector<std::pair<const ShardedTensor*, std::string>> owners;
+  std::vector<std::pair<size_t, ShardedTensor>> to_chunks;  // move index, the rows filled
   for (const auto& [name, p] : params) {
     auto it = fields.find(name);
     if (it == fields.end()) continue;
     for (const auto& [field, i] : it->second) {
-      const ShardedTensor& src = state[i].second;
+      const ShardedTensor src = detail::as_rows(state[i].second);
       const bool scalar = src.global_shape.empty();
       at::Tensor target =
           scalar ? at::empty({}, src.local.options().dtype(at::kLong))
                  : at::empty(p.local.sizes(), p.local.options().dtype(src.local.scalar_type()));
-      moves.push_back({name + "#" + field, src.local, src.row_offset, target,
-                       scalar ? 0 : p.row_offset, src.global_shape});
+      if (!scalar && p.shard_dim != 0 && !p.replicated) {
+        ShardedTensor rows = detail::rows_target(p, src.local.scalar_type());
+        moves.push_back({name + "#" + field, src.local, src.row_offset, rows.local, rows.row_offset,
+                         src.global_shape});
+        to_chunks.emplace_back(moves.size() - 1, std::move(rows));
+      } else {
+        moves.push_back({name + "#" + field, src.local, src.row_offset, target,
+                         scalar ? 0 : p.row_offset, src.global_shape});
+      }
       owners.emplace_back(&p, field);
     }
   }
   detail::redistribute(moves, *world);
+  for (auto& [k, rows] : to_chunks) {
+    const ShardedTensor& p = *owners[k].first;
+    ShardedTensor chunk = p;
+    chunk.local = at::empty(p.local.sizes(), p.local.options().dtype(rows.local.scalar_type()));
+    detail::rows_to_chunk(rows, chunk);
+    moves[k].target = chunk.local;
+  }
 
   std::map<const ShardedTensor*, detail::ParamState> states;
   for (size_t i = 0; i < moves.size(); ++i) {

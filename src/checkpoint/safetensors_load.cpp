@@ -12,6 +12,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "checkpoint/dim_shards.h"
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/comm/agree.h"
@@ -40,6 +41,14 @@ std::vector<int64_t> file_shape(const std::string& name, const ShardedTensor& s,
 // tensor parallelism are rows of this rank's slice of the file's tensor.
 at::Tensor read_rows(const std::string& name, const ShardedTensor& s,
                      const SafetensorsLocation& where, const ShardedLoadOptions& options) {
+  if (s.shard_dim != 0 && !s.replicated) {
+    // A chunk of another dim (Shard(d > 0)): every row, then this rank's chunk.
+    ShardedTensor whole = s;
+    whole.local = at::empty(s.global_shape, s.local.options().device(at::kMeta));
+    whole.row_offset = 0;
+    whole.shard_dim = 0;
+    return detail::chunk_for(read_rows(name, whole, where, options), s).contiguous();
+  }
   auto it = options.slices.find(name);
   if (it == options.slices.end()) {
     return read_safetensors_rows(where.file, where.entry, s.row_offset, s.row_offset + s.rows());

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/dim_shards.h"
 #include "checkpoint/redistribute.h"
 #include "fsdp/comm/agree.h"
 #include "fsdp/runtime/layout.h"
@@ -33,6 +34,7 @@ namespace {
 // The whole tensor `s` is rows of, on every rank of its shard group: one all-gather of every
 // rank's rows padded to ceil(dim0 / ranks) (layout.h's rule, the one fully_shard shards by).
 at::Tensor gather_full(const ShardedTensor& s) {
+  if (s.shard_dim != 0) return detail::gather_chunks(s);  // Shard(d > 0): chunks of dim d
   ProcessGroup& pg = *s.shard_group;
   const int world = pg.size();
   ParamShape shape{s.global_shape.at(0), 1};
@@ -151,14 +153,25 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
         model, want, state, [](const ShardedTensor& t) { return t.global_shape; },
         "set_model_state_dict");
   });
+  // Rows move; shards of another dim (Shard(d > 0), on either side) go through rows of the same
+  // sharding, converted collectively in state order (every rank's).
   std::vector<detail::Move> moves;
+  std::vector<std::pair<ShardedTensor, const ShardedTensor*>> to_chunks;
   for (size_t i = 0; i < want.size(); ++i) {
-    const ShardedTensor& src = state[index[i]].second;
+    const ShardedTensor src = detail::as_rows(state[index[i]].second);
     const ShardedTensor& dst = want[i].second;
-    moves.push_back(
-        {want[i].first, src.local, src.row_offset, dst.local, dst.row_offset, dst.global_shape});
+    if (dst.shard_dim != 0 && !dst.replicated) {
+      to_chunks.emplace_back(detail::rows_target(dst, dst.local.scalar_type()), &dst);
+      const ShardedTensor& rows = to_chunks.back().first;
+      moves.push_back({want[i].first, src.local, src.row_offset, rows.local, rows.row_offset,
+                       dst.global_shape});
+    } else {
+      moves.push_back(
+          {want[i].first, src.local, src.row_offset, dst.local, dst.row_offset, dst.global_shape});
+    }
   }
   detail::redistribute(moves, *world);
+  for (const auto& [rows, dst] : to_chunks) detail::rows_to_chunk(rows, *dst);
 }
 
 void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
@@ -189,6 +202,8 @@ void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
     }
     if (dst.local.dim() == 0) {
       dst.local.copy_(full.reshape({}));
+    } else if (dst.shard_dim != 0 && !dst.replicated) {
+      dst.local.copy_(detail::chunk_for(full, dst));
     } else if (dst.rows() > 0) {
       dst.local.copy_(full.narrow(0, dst.row_offset, dst.rows()));
     }

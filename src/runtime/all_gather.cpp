@@ -40,7 +40,8 @@ void all_gather_copy_out(std::vector<FsdpParam>& params, const FlatLayout& layou
   for (size_t i = 0; i < params.size(); ++i) {
     sizes[i] = params[i].shape().padded_numel(world);
     full[i] = params[i].full().view(-1);
-    exact = exact && full[i].numel() == world * sizes[i] && layout.offset[i] == sum;
+    exact = exact && full[i].numel() == world * sizes[i] && layout.offset[i] == sum &&
+            params[i].shard_dim() == 0;
     sum += sizes[i];
   }
   if (exact && sum == layout.total) {
@@ -55,6 +56,20 @@ void all_gather_copy_out(std::vector<FsdpParam>& params, const FlatLayout& layou
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t numel = full[i].numel(), padded = sizes[i];
       if (numel == 0 || padded == 0) continue;
+      if (params[i].shard_dim() != 0) {
+        // Shard(d > 0), even: rank r's block is its chunk of dim d, contiguous; the full
+        // tensor's dim d split as [world, chunk] and brought to the front is the same
+        // [world, chunk shape] (one strided copy).
+        const int d = params[i].shard_dim();
+        auto split = params[i].full_shape();
+        split[d] /= world;
+        auto chunk_shape = split;
+        split.insert(split.begin() + d, world);
+        chunk_shape.insert(chunk_shape.begin(), world);
+        dst.push_back(params[i].full().view(split).movedim(d, 0));
+        src.push_back(per_rank.narrow(1, layout.offset[i], padded).view(chunk_shape));
+        continue;
+      }
       const int64_t whole = numel / padded, rest = numel % padded;
       auto block = per_rank.narrow(1, layout.offset[i], padded);
       if (whole > 0) {
@@ -80,8 +95,12 @@ void copy_rows_for_rank(const std::vector<FsdpParam>& params, const FlatLayout& 
     auto out = dst.narrow(0, layout.offset[i], shape.padded_numel(world));
     const int64_t n = rows.rows() * shape.row_numel;
     if (n > 0) {
-      out.narrow(0, 0, n).copy_(
-          params[i].param().detach().narrow(0, rows.begin, rows.rows()).reshape(-1));
+      // Rows of dim 0, or the chunk of the sharded dim (a strided read, reshape copies it).
+      out.narrow(0, 0, n).copy_(params[i]
+                                    .param()
+                                    .detach()
+                                    .narrow(params[i].shard_dim(), rows.begin, rows.rows())
+                                    .reshape(-1));
     }
     if (n < out.numel()) out.narrow(0, n, out.numel() - n).zero_();
   }

@@ -53,16 +53,23 @@ const ShardMark* shard_mark(const at::Tensor& t) {
 
 FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
                      const ProcessGroupPtr& replicate, at::ScalarType compute_dtype,
-                     const std::string& owner, const std::optional<CPUOffloadPolicy>& offload)
-    : param_(std::move(param)), shard_group_(shard), replicate_group_(replicate) {
+                     const std::string& owner, const std::optional<CPUOffloadPolicy>& offload,
+                     int shard_dim)
+    : param_(std::move(param)),
+      shard_group_(shard),
+      replicate_group_(replicate),
+      shard_dim_(shard_dim) {
   at::NoGradGuard no_grad;
   const int world = shard->size();
   full_shape_ = param_.sizes().vec();
   row_numel_ = 1;
-  for (size_t i = 1; i < full_shape_.size(); ++i) row_numel_ *= full_shape_[i];
-  for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[0], world, r));
+  for (size_t i = 0; i < full_shape_.size(); ++i) {
+    if (static_cast<int>(i) != shard_dim_) row_numel_ *= full_shape_[i];
+  }
+  for (int r = 0; r < world; ++r) ranges_.push_back(shard_range(full_shape_[shard_dim_], world, r));
   const ShardRange& mine = ranges_[shard->rank()];
-  const auto rows = param_.detach().narrow(0, mine.begin, mine.rows());
+  // Shard(d > 0): a contiguous copy of the chunk (below), as FSDP2 keeps it.
+  const auto rows = param_.detach().narrow(shard_dim_, mine.begin, mine.rows());
   if (offload) {
     // In host memory, pinned when a GPU will read it (the copies to the device are then
     // asynchronous); a fresh tensor even when the parameter is on the CPU already.
@@ -73,7 +80,7 @@ FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
     shard_ = rows.clone().contiguous();
   }
   mark_as_shard(shard_, ShardMark{owner, full_shape_, mine.begin, shard, replicate,
-                                  replicate ? replicate->rank() : 0});
+                                  replicate ? replicate->rank() : 0, shard_dim_});
   // The full tensor lives where the unit computes: the parameter's device, or with offload the
   // group's (the parameter may start on the CPU).
   const c10::Device compute_device = offload ? shard->device() : param_.device();
@@ -89,7 +96,7 @@ FsdpParam::FsdpParam(at::Tensor param, const ProcessGroupPtr& shard,
   at::Tensor grad = param_.grad();
   param_.set_data(shard_);
   if (grad.defined()) {
-    param_.mutable_grad() = grad.narrow(0, mine.begin, mine.rows())
+    param_.mutable_grad() = grad.narrow(shard_dim_, mine.begin, mine.rows())
                                 .to(shard_.device(), /*non_blocking=*/false,
                                     /*copy=*/true);
   }
@@ -99,7 +106,9 @@ ShardedTensor FsdpParam::view() const {
   ShardedTensor v;
   v.local = param_;
   v.global_shape = full_shape_;
-  v.row_offset = ranges_[shard_group_->rank()].begin;
+  // Shard(d > 0) holds every row: its chunk's place is the shard group's rank.
+  v.row_offset = shard_dim_ == 0 ? ranges_[shard_group_->rank()].begin : 0;
+  v.shard_dim = shard_dim_;
   v.shard_group = shard_group_;
   v.replica = replicate_group_ ? replicate_group_->rank() : 0;
   v.replicate_group = replicate_group_;

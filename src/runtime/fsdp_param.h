@@ -48,6 +48,7 @@ struct ShardMark {
   int64_t row_offset = 0;
   std::weak_ptr<ProcessGroup> shard_group, replicate_group;
   int replica = 0;
+  int shard_dim = 0;  // row_offset is then the chunk's offset in that dim
 };
 // The mark of `t`'s storage (a shard's, or a gathered full tensor's), or null when no FsdpParam
 // made it.
@@ -64,9 +65,11 @@ class FsdpParam {
   // in forward/backward; `owner` names the unit, for messages. With `offload` the shard (and so
   // the parameter between gathers, its gradient and the optimizer's state) is in host memory
   // and the full tensor on the group's device.
+  // `shard_dim`: the dim sharded (FullyShardOptions::shard_placement_fn); other than 0 it must
+  // divide evenly by the group's size (checked by fully_shard).
   FsdpParam(at::Tensor param, const ProcessGroupPtr& shard, const ProcessGroupPtr& replicate,
             at::ScalarType compute_dtype, const std::string& owner,
-            const std::optional<CPUOffloadPolicy>& offload = std::nullopt);
+            const std::optional<CPUOffloadPolicy>& offload = std::nullopt, int shard_dim = 0);
   // Releases the full tensor's bytes: autograd's saved views may keep its storage longer.
   ~FsdpParam();
   FsdpParam(FsdpParam&&) noexcept;
@@ -74,7 +77,10 @@ class FsdpParam {
 
   const at::Tensor& param() const { return param_; }
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
-  ParamShape shape() const { return {full_shape_[0], row_numel_}; }
+  // The sharded dim's extent and the elements per index of it: the layout (layout.h) deals
+  // that dim's indices to ranks as it deals rows.
+  ParamShape shape() const { return {full_shape_[shard_dim_], row_numel_}; }
+  int shard_dim() const { return shard_dim_; }
   const ShardRange& range(int rank) const { return ranges_.at(rank); }
   int world() const { return static_cast<int>(ranges_.size()); }
   bool holds_full() const { return holds_full_; }
@@ -146,8 +152,9 @@ class FsdpParam {
   at::Tensor param_;  // the user's Parameter: its TensorImpl never changes
   ProcessGroupPtr shard_group_, replicate_group_;
   std::vector<int64_t> full_shape_;
-  int64_t row_numel_;
-  std::vector<ShardRange> ranges_;  // every rank's rows
+  int64_t row_numel_;  // elements per index of the sharded dim
+  int shard_dim_ = 0;
+  std::vector<ShardRange> ranges_;  // every rank's indices of the sharded dim
   at::Tensor shard_;                // [rows, ...] original dtype
   at::Tensor full_;  // full_shape_, compute dtype, storage bytes present only while gathered
   int64_t full_nbytes_;

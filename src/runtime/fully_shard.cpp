@@ -2,6 +2,7 @@
 // child), and FSDPModule's methods.
 #include "fsdp/runtime/fully_shard.h"
 
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <unordered_map>
@@ -152,6 +153,32 @@ std::vector<std::pair<std::string, at::Tensor>> collect_own_params(
   return params;
 }
 
+// shard_placement_fn's dim of each parameter, checked: within the tensor's dims, and a dim other
+// than 0 divides evenly by the shard group (FSDP2 refuses uneven Shard(d > 0) too).
+std::vector<int> placement_dims(const std::vector<std::pair<std::string, at::Tensor>>& params,
+                                const FullyShardOptions& options, int world) {
+  std::vector<int> dims(params.size(), 0);
+  if (!options.shard_placement_fn) return dims;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    const auto want = options.shard_placement_fn(name, p);
+    if (!want) continue;
+    const int64_t ndim = p.dim();
+    const int64_t d = *want < 0 ? *want + ndim : *want;
+    FSDP_CHECK_ARG(d >= 0 && d < ndim,
+                   "fully_shard: shard_placement_fn placed parameter '{}' (shape {}) on dim {}; "
+                   "it has {} dims",
+                   name, fmt::format("{}", fmt::join(p.sizes(), "x")), *want, ndim);
+    FSDP_CHECK_ARG(d == 0 || p.size(d) % world == 0,
+                   "fully_shard: shard_placement_fn placed parameter '{}' (shape {}) on dim {}, "
+                   "whose {} does not divide by the shard group's {} ranks; a dim other than 0 "
+                   "must shard evenly (as in FSDP2): pick another dim or 0",
+                   name, fmt::format("{}", fmt::join(p.sizes(), "x")), d, p.size(d), world);
+    dims[i] = static_cast<int>(d);
+  }
+  return dims;
+}
+
 // reshard_after_forward_ranks: the group of consecutive ranks this rank keeps its rows in
 // between forward and backward (a collective split of the shard group).
 ProcessGroupPtr post_forward_group(const ProcessGroupPtr& shard, int ranks) {
@@ -224,9 +251,10 @@ void shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& module
   auto inner = inner_units(modules);
   auto params = collect_own_params(modules, *m.shard, inner, options.ignored_params,
                                    options.offload_policy.has_value());
+  const auto shard_dims = placement_dims(params, options, m.shard->size());
   auto post_forward = post_forward_group(m.shard, options.reshard_after_forward_ranks);
   auto state = std::make_shared<UnitState>(modules, m, std::move(options), std::move(params),
-                                           std::move(post_forward));
+                                           std::move(post_forward), shard_dims);
   for (auto& c : inner.direct) state->adopt(c);
   // Every member carries the state, so each finds the unit (its forward, FSDPModule) and an
   // outer unit finds it through any of them.

@@ -39,7 +39,7 @@ class CaptureGradHook final : public torch::autograd::FunctionPreHook {
 ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
                        const DeviceMesh& mesh, MixedPrecisionPolicy mp,
                        ProcessGroupPtr post_forward, const std::string& owner,
-                       std::optional<CPUOffloadPolicy> offload)
+                       std::optional<CPUOffloadPolicy> offload, const std::vector<int>& shard_dims)
     : pg_(mesh.shard),
       replicate_(mesh.replicate),
       range_names_(std::make_shared<UnitRangeNames>()),
@@ -50,8 +50,9 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
   compute_dtype_ = mp.param_dtype.value_or(orig);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
   params_.reserve(params.size());  // FsdpParam addresses stay fixed: reductions refer to them
-  for (auto& item : params) {
-    params_.emplace_back(item.second, pg_, replicate_, compute_dtype_, owner, offload);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params_.emplace_back(params[i].second, pg_, replicate_, compute_dtype_, owner, offload,
+                         i < shard_dims.size() ? shard_dims[i] : 0);
   }
   gather_layout_ = flat_layout(shapes(), pg_->size());
   for (const auto& p : params_) trainable_.push_back(p.requires_grad());

@@ -61,7 +61,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // gather and their reduced gradients copied back.
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, const DeviceMesh& mesh,
              MixedPrecisionPolicy mp, ProcessGroupPtr post_forward, const std::string& owner,
-             std::optional<CPUOffloadPolicy> offload = std::nullopt);
+             std::optional<CPUOffloadPolicy> offload = std::nullopt,
+             const std::vector<int>& shard_dims = {});
 
   // The root's lazy init: the group joins the root's tree and its CommContext.
   void join(std::shared_ptr<Tree> tree);

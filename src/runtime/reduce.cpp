@@ -41,6 +41,11 @@ std::vector<bool> reduce_scatter_copy_in(std::vector<FsdpParam>& params, const F
     had_grad[i] = g.defined();
     // No gradient contributes zeros (rare: a parameter unused in this backward).
     if (!g.defined()) g = at::zeros(params[i].full_shape(), send.options());
+    // Shard(d > 0) (even): its chunks of dim d stacked on dim 0 (FSDP2's torch.cat of
+    // torch.chunk), so that dealing rows to ranks deals each rank its chunk.
+    if (const int d = params[i].shard_dim(); d != 0 && world > 1) {
+      g = at::cat(at::chunk(g, world, d), 0);
+    }
     same_dtype = same_dtype && g.scalar_type() == send.scalar_type();
     grads.push_back(std::move(g));
     index.push_back(i);

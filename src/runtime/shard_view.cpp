@@ -58,7 +58,8 @@ std::optional<ShardedTensor> shard_of(const at::Tensor& param) {
   ShardedTensor v;
   v.local = param;
   v.global_shape = mark->full_shape;
-  v.row_offset = mark->row_offset;
+  v.row_offset = mark->shard_dim == 0 ? mark->row_offset : 0;
+  v.shard_dim = mark->shard_dim;
   v.shard_group = mark->shard_group.lock();
   v.replicate_group = mark->replicate_group.lock();
   v.replica = mark->replica;

@@ -23,12 +23,12 @@ std::string class_names(const std::vector<std::shared_ptr<torch::nn::Module>>& m
 UnitState::UnitState(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                      const DeviceMesh& mesh, FullyShardOptions options,
                      std::vector<std::pair<std::string, at::Tensor>> params,
-                     ProcessGroupPtr post_forward)
+                     ProcessGroupPtr post_forward, const std::vector<int>& shard_dims)
     : modules_(modules.begin(), modules.end()),
       options_(std::move(options)),
       group_(std::make_shared<ParamGroup>(std::move(params), mesh, options_.mp_policy,
                                           std::move(post_forward), class_names(modules),
-                                          options_.offload_policy)) {
+                                          options_.offload_policy, shard_dims)) {
   group_->settings().reshard_after_forward = options_.reshard_after_forward;
   group_->set_gradients_per_use(options_.activation_checkpointing);
 }

@@ -33,7 +33,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // null): the smaller group of reshard_after_forward_ranks.
   UnitState(const std::vector<std::shared_ptr<torch::nn::Module>>& modules, const DeviceMesh& mesh,
             FullyShardOptions options, std::vector<std::pair<std::string, at::Tensor>> params,
-            ProcessGroupPtr post_forward);
+            ProcessGroupPtr post_forward, const std::vector<int>& shard_dims = {});
 
   // The (first) module; null once it is destroyed.
   std::shared_ptr<torch::nn::Module> module() const { return modules_.front().lock(); }

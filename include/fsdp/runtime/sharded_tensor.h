@@ -31,6 +31,11 @@ struct ShardedTensor {
   // The group the replicas of these rows span (null without hybrid sharding): gradients of
   // `local` are averaged over it, so norms must not be combined over it.
   ProcessGroupPtr replicate_group;
+  // The dim the tensor is sharded on (FullyShardOptions::shard_placement_fn). 0: `local` holds
+  // rows [row_offset, row_offset + rows()) of dim 0. Otherwise `local` holds every row and the
+  // chunk of this dim at index shard_group->rank() of shard_group->size() equal chunks
+  // (row_offset 0); readers that work on rows convert (checkpoint/state_dict.h).
+  int shard_dim = 0;
 
   int64_t rows() const { return local.dim() == 0 ? 1 : local.size(0); }
 };
