@@ -176,14 +176,33 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
 
 void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
                           const ProcessGroupPtr& world, bool rank0_only) {
+  FullStateDictOptions options;
+  options.rank0_only = rank0_only;
+  set_model_state_dict(model, state, world, options);
+}
+
+void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
+                          const ProcessGroupPtr& world, const FullStateDictOptions& options) {
   FSDP_CHECK_ARG(world != nullptr, "set_model_state_dict: the process group is null");
+  const bool rank0_only = options.rank0_only;
   const bool reads = !rank0_only || world->rank() == 0;
   auto want = get_model_state_dict(model);
+  // Under TP the state dict holds the unsplit tensors: a slice's entry must have the full
+  // shape, and each rank keeps its slice of it.
+  std::vector<const tp::TpSlice*> slices(want.size(), nullptr);
+  ShardedStateDict shapes = want;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const tp::TpSlice* slice = options.tp.slice_of(want[i].first);
+    if (slice && want[i].second.global_shape.size() == slice->full.size()) {
+      slices[i] = slice;
+      shapes[i].second.global_shape = slice->full;
+    }
+  }
   std::vector<size_t> index;
   agree_on<InvalidArgument>(*world, "set_model_state_dict", [&] {
     if (reads) {
       index = match(
-          model, want, state, [](const at::Tensor& t) { return t.sizes().vec(); },
+          model, shapes, state, [](const at::Tensor& t) { return t.sizes().vec(); },
           "set_model_state_dict");
     }
   });
@@ -195,11 +214,14 @@ void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
       // One tensor at a time from rank 0: every rank holds at most one full tensor.
       full = reads
                  ? state[index[i]].second.to(world->device(), dst.local.scalar_type()).contiguous()
-                 : at::empty(dst.global_shape, dst.local.options().device(world->device()));
+                 : at::empty(shapes[i].second.global_shape,
+                             dst.local.options().device(world->device()));
       world->broadcast(full, 0)->wait();
     } else {
       full = state[index[i]].second;
     }
+    if (slices[i])
+      full = full.narrow(slices[i]->dim, slices[i]->chunk.offset, slices[i]->chunk.length);
     if (dst.local.dim() == 0) {
       dst.local.copy_(full.reshape({}));
     } else if (dst.shard_dim != 0 && !dst.replicated) {

@@ -4,9 +4,8 @@
 // 4 (alone, and under fully_shard on a dp x tp mesh, through training steps with the global
 // gradient norm) gives the unsplit model's logits, losses and gradients. Against PyTorch's own
 // TP + FSDP2: tests/reference/llama_parity.py --tp.
-#include <gtest/gtest.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 
 #include <map>
 #include <mutex>
@@ -325,6 +324,57 @@ TEST(LlamaTensorParallel, TrainsAsTheWholeModelUnderFsdp) {
   }
 }
 
+// A full state dict of the unsplit model sets a model split 2 x 2 (each rank its slice's rows),
+// from every rank or from rank 0; the full state dict read back is the same tensors, bit for
+// bit. A state dict of slices (the wrong frame) is refused by name on every rank.
+TEST(LlamaTensorParallel, FullStateDictSetsASplitModel) {
+  for (bool tied : {false, true}) {
+    auto c = tp_config(tied, 2);
+    auto reference = build_seeded(c, 5);
+    FullStateDict want;
+    for (const auto& p : reference->named_parameters()) {
+      if (tied && p.key() == "lm_head.weight") continue;  // one name per tensor
+      want.emplace_back(p.key(), p.value().detach().clone());
+    }
+    run_local_ranks(
+        4,
+        [&](const ProcessGroupPtr& world) {
+          auto mesh = make_device_mesh(world, 1, 2);
+          llama::BuildOptions o;
+          o.tp = mesh.tp;
+          o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
+            fully_shard(layer, mesh);
+          };
+          auto model = build_seeded(c, 6, o);  // other values
+          fully_shard(model, mesh);
+          FullStateDictOptions options;
+          options.tp = llama::tp_layout(c, mesh.tp, mesh.dp_group());
+          for (bool rank0_only : {false, true}) {
+            options.rank0_only = rank0_only;
+            set_model_state_dict(*model, rank0_only && world->rank() != 0 ? FullStateDict{} : want,
+                                 world, options);
+            options.rank0_only = false;
+            const auto got = get_full_model_state_dict(*model, world, options);
+            ASSERT_EQ(got.size(), want.size());
+            for (size_t i = 0; i < got.size(); ++i) {
+              EXPECT_EQ(got[i].first, want[i].first);
+              EXPECT_TRUE(at::equal(got[i].second, want[i].second))
+                  << got[i].first << (rank0_only ? " rank0_only" : "") << (tied ? " tied" : "");
+            }
+          }
+          FullStateDict sliced;
+          for (const auto& [name, t] : want) {
+            const auto* slice = options.tp.slice_of(name);
+            sliced.emplace_back(name, slice ? t.narrow(slice->dim, 0, slice->chunk.length) : t);
+          }
+          expect_error_containing<InvalidArgument>(
+              [&] { set_model_state_dict(*model, sliced, world, options); },
+              "in the state dict, the model's is");
+        },
+        test_options());
+  }
+}
+
 // One 3-step run of the tiny Llama at world 4 as dp x tp (tp 1: FSDP alone) from the same seed
 // and batches, each unit sharded with `options` and the tree set up by `setup`; the mean loss of
 // every step.
@@ -408,10 +458,10 @@ TEST(LlamaTensorParallel, UnitOptionsComposeWithTp) {
   });
   EXPECT_LT(worst_rel(quantized, plain), 2e-2);
   EXPECT_GT(worst_rel(quantized, plain), 0);
-  std::printf("under 2 x 2: bf16 against FSDP alone in bf16 %.2e, against fp32 %.2e; int8 "
-              "all-gather against plain %.2e\n",
-              worst_rel(tp_bf16, fsdp_bf16), worst_rel(tp_bf16, plain),
-              worst_rel(quantized, plain));
+  std::printf(
+      "under 2 x 2: bf16 against FSDP alone in bf16 %.2e, against fp32 %.2e; int8 "
+      "all-gather against plain %.2e\n",
+      worst_rel(tp_bf16, fsdp_bf16), worst_rel(tp_bf16, plain), worst_rel(quantized, plain));
 }
 
 }  // namespace

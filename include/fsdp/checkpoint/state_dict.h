@@ -79,6 +79,12 @@ void set_model_state_dict(torch::nn::Module& model, const ShardedStateDict& stat
                           const ProcessGroupPtr& world);
 void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
                           const ProcessGroupPtr& world, bool rank0_only = false);
+// The full form with options: `options.rank0_only` as above, and under tensor parallelism
+// (`options.tp`) the full tensors of the unsplit model (what get_full_model_state_dict with the
+// same layout gives, or a Hugging Face checkpoint's tensors), each rank keeping its slice's
+// rows. `cpu_offload` and `dtype` are not read.
+void set_model_state_dict(torch::nn::Module& model, const FullStateDict& state,
+                          const ProcessGroupPtr& world, const FullStateDictOptions& options);
 
 // --- optimizer ---------------------------------------------------------------------------------
 
