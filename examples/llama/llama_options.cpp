@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 
 #include "fsdp/models/llama.h"
 
@@ -38,7 +39,20 @@ std::string check(const Options& o) {
   if (o.preset.empty() && !is_file(config_path(o))) {
     return fmt::format("{}: no such file (expected a Hugging Face config.json)", config_path(o));
   }
-  if (o.train.eval_only) {
+  if (!o.generate_ids.empty()) {
+    if (o.max_new_tokens < 0) {
+      return fmt::format("--max-new-tokens must be >= 0, got {}", o.max_new_tokens);
+    }
+    if (!std::isfinite(o.temperature) || o.temperature < 0) {
+      return fmt::format("--temperature must be a finite number >= 0 (0: greedy), got {}",
+                         o.temperature);
+    }
+    if (o.top_k < 0) return fmt::format("--top-k must be >= 0, got {}", o.top_k);
+    if (!(o.top_p > 0 && o.top_p <= 1)) {
+      return fmt::format("--top-p must be in (0, 1], got {}", o.top_p);
+    }
+    if (o.train.sp) return "--generate-ids and --sp: one new token does not split over --tp";
+  } else if (o.train.eval_only) {
     if (o.val_tokens.empty()) return "--eval-only needs --val-tokens FILE";
   } else if (!o.train.plan && o.data_tokens.empty()) {
     return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
@@ -126,6 +140,24 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "With --eval-only: write the logits of the first --count validation windows to "
                  "this safetensors file (tensor \"logits\", fp32)");
   app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  app.add_option("--generate-ids", o.generate_ids,
+                 "Instead of training: generate after these prompt token ids (space or comma "
+                 "separated) with a cache of keys and values, on every rank (sharded like "
+                 "training), and print the new ids")
+      ->delimiter(',');
+  app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens --generate-ids adds at most")
+      ->capture_default_str();
+  app.add_option("--temperature", o.temperature,
+                 "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
+                 "--seed)")
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
+      ->capture_default_str();
+  app.add_option("--top-p", o.top_p,
+                 "Sample among the most likely tokens whose probabilities sum to p (1: all)")
+      ->capture_default_str();
+  app.add_flag("--no-cache", o.no_cache,
+               "--generate-ids without the cache: the whole sequence in every forward");
   app.add_option("--tp", t.tp,
                  "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "

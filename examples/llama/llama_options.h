@@ -25,6 +25,13 @@ struct Options {
   int64_t max_shard_bytes = 5'000'000'000;
   std::string dump_logits;  // with --eval-only: the logits of the first --count windows
   int64_t count = 1;
+  // --generate-ids: generate after these prompt tokens instead of training (llama_generate.h).
+  std::vector<int64_t> generate_ids;
+  int64_t max_new_tokens = 32;
+  double temperature = 0;  // 0: greedy
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  bool no_cache = false;
   trainer::TrainOptions train;
 };
 

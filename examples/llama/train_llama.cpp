@@ -4,13 +4,17 @@
 // layer is a fully_shard unit, sharded as it is built; then the root. See README.md beside
 // this file.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
+
+#include <chrono>
 
 #include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
+#include "fsdp/models/llama_generate.h"
 #include "fsdp/models/llama_plan.h"
 #include "llama_options.h"
 #include "loop.h"
@@ -156,6 +160,28 @@ void dump_logits(const Options& o, Built& b, const TokenData& val, const fsdp::D
   }
 }
 
+// --generate-ids: every rank generates (the units gather as in training); rank 0 prints.
+int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
+  ll::GenerateOptions g;
+  g.max_new_tokens = o.max_new_tokens;
+  g.temperature = o.temperature;
+  g.top_k = o.top_k;
+  g.top_p = o.top_p;
+  g.seed = o.train.seed;
+  g.use_cache = !o.no_cache;
+  g.group = dist.group;
+  const auto start = std::chrono::steady_clock::now();
+  const auto ids = ll::generate(b.root, *b.model, o.generate_ids, g);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (dist.group->rank() == 0) {
+    fmt::print("generated {} tokens ({}, {}) in {:.2f} s: {}\n", ids.size(),
+               o.temperature > 0 ? fmt::format("temperature {:g}", o.temperature) : "greedy",
+               o.no_cache ? "no cache" : "cache", seconds, fmt::join(ids, " "));
+  }
+  return 0;
+}
+
 int run(const Options& o, const fsdp::LaunchInfo& launch) {
   torch::set_num_threads(trainer::threads_for(o.train.threads));
   fsdp::InitOptions init;
@@ -171,6 +197,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     dump_logits(o, b, *val, dist);
     return 0;
   }
+  if (!o.generate_ids.empty()) return generate(o, b, dist);
   trainer::Task task;
   task.root = b.root;
   task.module = b.model.ptr().get();

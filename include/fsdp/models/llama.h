@@ -117,14 +117,26 @@ std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& config, int
                                                        torch::ScalarType dtype,
                                                        torch::Device device);
 
+// One layer's keys and values of the tokens seen so far ([batch, kv heads, tokens, head_size],
+// after the rotary embedding): transformers' DynamicCache layer. Undefined before the first.
+struct LayerCache {
+  torch::Tensor keys, values;
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const Config& config, const BuildOptions& options);
-  // x [batch, seq, hidden]; cos, sin [1, seq, head_size] -> [batch, seq, hidden].
+  // x [batch, seq, hidden]; cos, sin [1, seq, head_size] -> [batch, seq, hidden]. With a cache
+  // set (set_cache), x is the tokens after the cached ones (cos and sin at their positions):
+  // their keys and values join the cache and each token attends to every cached one and to
+  // those before it.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // The cache the next forwards read and extend; null: none (training).
+  void set_cache(LayerCache* cache) { cache_ = cache; }
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
+  LayerCache* cache_ = nullptr;
   int64_t heads_, kv_heads_, head_size_;
   ProcessGroupPtr tp_;
   bool sequence_parallel_ = false;
@@ -185,6 +197,10 @@ class LlamaModelImpl : public torch::nn::Module {
   LlamaModelImpl(const Config& config, const BuildOptions& options);
   // tokens [batch, seq] int64 -> the final norm's output [batch, seq, hidden].
   torch::Tensor forward(const torch::Tensor& tokens);
+  // Generation (llama_generate.h): the forwards that follow read and extend `cache` (one
+  // LayerCache per layer; `tokens` are the ones after its `*cached` tokens, whose count the
+  // forward advances); null turns it off.
+  void set_cache(std::vector<LayerCache>* cache, int64_t* cached);
 
   Embedding embed_tokens{nullptr};
   // The layers, registered as the children "0", "1", ... of a ModuleList named "layers".
@@ -194,6 +210,8 @@ class LlamaModelImpl : public torch::nn::Module {
  private:
   Config config_;
   torch::Tensor inv_freq_;  // the rotary inverse frequencies, fp32 [head_size / 2]
+  std::vector<LayerCache>* cache_ = nullptr;
+  int64_t* cached_ = nullptr;
 };
 TORCH_MODULE(LlamaModel);
 

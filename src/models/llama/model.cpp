@@ -231,6 +231,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = (q * c) + (rotate_half(q) * s);
   k = (k * c) + (rotate_half(k) * s);
+  // Generation: the cached tokens' keys and values first (DynamicCache.update), kept before the
+  // key/value heads are repeated.
+  int64_t past = 0;
+  if (cache_) {
+    if (cache_->keys.defined()) {
+      past = cache_->keys.size(2);
+      k = torch::cat({cache_->keys, k}, 2);
+      v = torch::cat({cache_->values, v}, 2);
+    }
+    cache_->keys = k;
+    cache_->values = v;
+  }
   // sdpa_attention_forward on CPU: grouped-query attention inside the kernel when the head size
   // is at most 256 (use_gqa_in_sdpa), else the key/value heads repeated; causal from 2 tokens.
   const int64_t groups = heads_ / kv_heads_;
@@ -240,8 +252,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
     v = repeat_kv(v, groups);
   }
   const double scale = std::pow(static_cast<double>(head_size_), -0.5);
-  auto out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                              /*is_causal=*/seq > 1, scale, /*enable_gqa=*/gqa);
+  // Causal: after cached tokens the kernel's is_causal (aligned top-left) is wrong, so query i
+  // gets an explicit mask of the keys up to past + i; one new token sees every key.
+  std::optional<torch::Tensor> mask;
+  if (past > 0 && seq > 1) {
+    mask = torch::ones({seq, past + seq}, torch::TensorOptions(torch::kBool).device(q.device()))
+               .tril(past);
+  }
+  auto out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
+                                              /*is_causal=*/past == 0 && seq > 1, scale,
+                                              /*enable_gqa=*/gqa);
   out = out.transpose(1, 2).contiguous().reshape({batch, seq, -1});
   return o_proj(out);
 }
@@ -298,9 +318,29 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
   auto h = embed_tokens(tokens);
   // Moved once, at the first forward on a device, not copied in every step.
   if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
-  auto [cos, sin] = cos_sin_of(inv_freq_, tokens.size(1), h.scalar_type());
-  for (auto& layer : layers) h = layer(h, cos, sin);
+  const int64_t past = cache_ ? *cached_ : 0, seq = tokens.size(1);
+  auto [cos, sin] = cos_sin_of(inv_freq_, past + seq, h.scalar_type());
+  if (past > 0) {
+    cos = cos.narrow(1, past, seq);
+    sin = sin.narrow(1, past, seq);
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i]->self_attn->set_cache(cache_ ? &(*cache_)[i] : nullptr);
+    h = layers[i](h, cos, sin);
+  }
+  if (cache_) *cached_ += seq;
   return norm(h);
+}
+
+void LlamaModelImpl::set_cache(std::vector<LayerCache>* cache, int64_t* cached) {
+  FSDP_MODEL_CHECK(!cache || (cached && cache->size() == layers.size()),
+                   "llama: a cache needs one LayerCache per layer ({}) and a token count",
+                   layers.size());
+  cache_ = cache;
+  cached_ = cached;
+  if (!cache) {
+    for (auto& layer : layers) layer->self_attn->set_cache(nullptr);
+  }
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& o)
