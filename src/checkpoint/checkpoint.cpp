@@ -384,7 +384,8 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     at::NoGradGuard no_grad;
     for (auto& [target, value] : staged.copies) target.copy_(value);
   }
-  // Every rank read exactly its rows: the state installs without moving data.
+  // Every rank read exactly its rows: the state installs without moving data (shards of a dim
+  // other than 0 excepted: they pass through rows, dim_shards.h).
   // Under tensor parallelism only the ranks of one TP index hold slices of the same shapes.
   if (optimizer) {
     set_optimizer_state_dict(model, *optimizer, staged.optimizer,

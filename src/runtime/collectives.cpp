@@ -19,9 +19,9 @@ WorkPtr or_finished(WorkPtr work) {
 }  // namespace
 
 WorkPtr issue_all_gather(const CommHooks& hooks, ProcessGroup& group, const at::Tensor& output,
-                         const at::Tensor& input) {
+                         const at::Tensor& input, const std::vector<int64_t>& offsets) {
   if (!hooks.all_gather) return group.all_gather(output, input);
-  return or_finished(hooks.all_gather(output, input, group));
+  return or_finished(hooks.all_gather(output, input, group, offsets));
 }
 
 WorkPtr issue_reduce_scatter(const CommHooks& hooks, ProcessGroup& group, const at::Tensor& output,

@@ -16,8 +16,9 @@ struct CommHooks {
 };
 
 // The Work to wait on; never null (a hook that returns null has finished).
+// `offsets`: where each parameter starts in `input` (the hook's argument).
 WorkPtr issue_all_gather(const CommHooks& hooks, ProcessGroup& group, const at::Tensor& output,
-                         const at::Tensor& input);
+                         const at::Tensor& input, const std::vector<int64_t>& offsets);
 WorkPtr issue_reduce_scatter(const CommHooks& hooks, ProcessGroup& group, const at::Tensor& output,
                              const at::Tensor& input, ReduceOp op);
 

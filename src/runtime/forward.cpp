@@ -10,6 +10,12 @@ namespace fsdp::detail {
 
 std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> inputs,
                                     const ForwardFn& fn, const ForwardSpec& spec) {
+  return run_forward(state, std::move(inputs), fn, spec, nullptr);
+}
+
+std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> inputs,
+                                    const ForwardFn& fn, const ForwardSpec& spec,
+                                    const torch::nn::Module* member) {
   if (state.checkpoints_forward()) {
     FSDP_CHECK_ARG(spec.tensor_outputs,
                    "fsdp: activation_checkpointing needs the unit's forward to return a Tensor, "
@@ -28,7 +34,7 @@ std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> in
     for (auto& o : outputs) state.prepare_output(o);
     // Outputs that are not tensors cannot be hooked: the unit keeps its parameters until the
     // end of backward instead of gathering them again.
-    state.post_forward(/*hooked_outputs=*/spec.tensor_outputs);
+    state.post_forward(/*hooked_outputs=*/spec.tensor_outputs, member);
   } catch (...) {
     // A throwing forward (a shape error, an out-of-memory the caller catches to retry with a
     // smaller batch) leaves nothing gathered; the root's resets the tree (tree.h).

@@ -410,11 +410,9 @@ void FSDPModule::set_reduce_scatter_unused_params(bool on, bool recurse) {
 void FSDPModule::set_custom_all_gather(AllGatherComm comm, bool recurse) {
   auto s = state("set_custom_all_gather");
   check_not_in_backward(*s, "set_custom_all_gather");
-  for (auto* u : units_of(*s, recurse)) {
-    // Gathered parameters (or a unit that needed no gather) would skip the new hook.
-    u->group().reshard();
-    u->group().settings().hooks.all_gather = comm;
-  }
+  // From each unit's next gather on: parameters gathered now (kept for a backward to come)
+  // stay as they are.
+  for (auto* u : units_of(*s, recurse)) u->group().settings().hooks.all_gather = comm;
 }
 
 void FSDPModule::set_custom_reduce_scatter(ReduceScatterComm comm, bool recurse) {

@@ -286,7 +286,12 @@ void ParamGroup::unshard() {
       all_gather_copy_in(params_, gather_layout_, g.input, /*non_blocking=*/offload_);
     }
     g.output = comm_->take_buffer(group.size() * per_rank, opts);
-    g.work = issue_all_gather(settings_.hooks, group, g.output, g.input);
+    // The regather over the post-forward group moves the forward's gathered values (a
+    // quantized gather's already-rounded ones) unchanged: backward computes with the weights
+    // forward used.
+    g.work =
+        small ? group.all_gather(g.output, g.input)
+              : issue_all_gather(settings_.hooks, group, g.output, g.input, gather_layout_.offset);
   } catch (...) {
     // Nothing was issued: the state stays as it was (a kept post-forward shard stays kept),
     // and buffers taken go back, so a caller that catches (an out-of-memory) can retry.

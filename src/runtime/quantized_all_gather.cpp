@@ -1,11 +1,13 @@
 // ZeRO++'s quantized weight all-gather (qwZ) as an AllGatherComm (fsdp/runtime/comm_hooks.h).
 //
-// One rank's message: its n elements padded to whole blocks, as int8 ([blocks * block_size]
-// bytes), then one float32 scale per block ([blocks * 4] bytes), in one uint8 buffer, so the
-// gather is one collective of 1 + 4 / block_size bytes per element. The block size is a
-// multiple of 4 so that the scales start 4-byte aligned and read back as float32 in place.
+// One rank's message: each parameter's elements padded to whole blocks, one after another, as
+// int8 ([blocks * block_size] bytes), then one float32 scale per block ([blocks * 4] bytes), in
+// one uint8 buffer, so the gather is one collective of about 1 + 4 / block_size bytes per
+// element. The block size is a multiple of 4 so that the scales start 4-byte aligned and read
+// back as float32 in place.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -15,17 +17,38 @@
 namespace fsdp {
 namespace {
 
+// A parameter's elements in the rank's buffer and where its blocks start in the message.
+struct Segment {
+  int64_t begin = 0, length = 0;  // in the buffer
+  int64_t padded_begin = 0;       // in the padded values (blocks * block elements)
+};
+
 struct QuantLayout {
   int64_t numel = 0, blocks = 0, block = 0;
+  std::vector<Segment> segments;
   int64_t int8_bytes() const { return blocks * block; }
   int64_t bytes() const { return int8_bytes() + blocks * 4; }
 };
 
-QuantLayout quant_layout(int64_t numel, int64_t block) {
+// Segments from the parameters' offsets in a buffer of `numel` elements (none: one segment).
+QuantLayout quant_layout(int64_t numel, const std::vector<int64_t>& offsets, int64_t block) {
   QuantLayout q;
   q.numel = numel;
   q.block = block;
-  q.blocks = (numel + block - 1) / block;
+  std::vector<int64_t> starts;
+  for (int64_t o : offsets) {
+    if (o >= 0 && o < numel) starts.push_back(o);
+  }
+  starts.push_back(0);
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t end = i + 1 < starts.size() ? starts[i + 1] : numel;
+    Segment s{starts[i], end - starts[i], q.blocks * block};
+    if (s.length == 0) continue;
+    q.blocks += (s.length + block - 1) / block;
+    q.segments.push_back(s);
+  }
   return q;
 }
 
@@ -34,7 +57,10 @@ QuantLayout quant_layout(int64_t numel, int64_t block) {
 void quantize_into(const at::Tensor& x, const QuantLayout& q, const at::Tensor& out) {
   at::NoGradGuard no_grad;
   auto values = at::zeros({q.blocks * q.block}, x.options().dtype(at::kFloat));
-  values.narrow(0, 0, q.numel).copy_(x.reshape(-1));
+  const auto flat = x.reshape(-1);
+  for (const auto& s : q.segments) {
+    values.narrow(0, s.padded_begin, s.length).copy_(flat.narrow(0, s.begin, s.length));
+  }
   auto blocks = values.view({q.blocks, q.block});
   auto scale = blocks.abs().amax(1).div_(127.0f);
   scale.masked_fill_(scale == 0, 1.0f);
@@ -44,25 +70,24 @@ void quantize_into(const at::Tensor& x, const QuantLayout& q, const at::Tensor& 
 }
 
 // Every rank's message in `gathered` ([world, bytes] uint8) into `output` (world * numel, the
-// compute dtype), rank after rank.
+// compute dtype), rank after rank: one rank's float32 values at a time.
 void dequantize_into(const at::Tensor& gathered, const QuantLayout& q, int world,
                      const at::Tensor& output) {
   at::NoGradGuard no_grad;
   auto per_rank = gathered.view({world, q.bytes()});
-  auto ints = per_rank.narrow(1, 0, q.int8_bytes()).view(at::kChar);
-  // The scales of each rank sit after its ints: a strided slice; made contiguous (small) so the
-  // float32 view is of aligned, dense bytes.
-  auto scales = per_rank.narrow(1, q.int8_bytes(), q.blocks * 4)
-                    .contiguous()
-                    .view(at::kFloat);  // [world, blocks]
-  auto values = ints.reshape({world, q.blocks, q.block})
-                    .to(at::kFloat)
-                    .mul_(scales.unsqueeze(2))
-                    .view({world, q.blocks * q.block});
-  output.view({world, q.numel}).copy_(values.narrow(1, 0, q.numel));
+  auto out = output.view({world, q.numel});
+  for (int r = 0; r < world; ++r) {
+    auto ints = per_rank[r].narrow(0, 0, q.int8_bytes()).view(at::kChar);
+    // The scales sit after the ints at a 4-byte aligned offset (block % 4 == 0).
+    auto scales = per_rank[r].narrow(0, q.int8_bytes(), q.blocks * 4).view(at::kFloat);
+    auto values = ints.view({q.blocks, q.block}).to(at::kFloat).mul_(scales.unsqueeze(1)).view(-1);
+    for (const auto& s : q.segments) {
+      out[r].narrow(0, s.begin, s.length).copy_(values.narrow(0, s.padded_begin, s.length));
+    }
+  }
 }
 
-// The gather of the quantized bytes; wait() then dequantizes into the caller's output.
+// The gather of the quantized bytes; its completion dequantizes into the caller's output.
 class DequantizeWork final : public Work {
  public:
   DequantizeWork(WorkPtr gather, at::Tensor gathered, at::Tensor output, QuantLayout q, int world,
@@ -71,10 +96,15 @@ class DequantizeWork final : public Work {
         gathered_(std::move(gathered)),
         output_(std::move(output)),
         send_(std::move(send)),
-        q_(q),
+        q_(std::move(q)),
         world_(world) {}
 
-  bool is_completed() override { return done_ || (gather_ && gather_->is_completed()); }
+  // True only once the output holds the values: a gather that completed is dequantized here
+  // (compute, no wait).
+  bool is_completed() override {
+    if (!done_ && gather_ && gather_->is_completed()) finish();
+    return done_;
+  }
   void wait() override {
     if (done_) return;
     if (gather_) gather_->wait();
@@ -88,6 +118,8 @@ class DequantizeWork final : public Work {
   }
 
  private:
+  // On a GPU the dequantization is queued on the current stream, the one the runtime issued the
+  // gather on and waits on (comm_hooks.h), so the bytes freed after it are not reused early.
   void finish() {
     gather_.reset();
     dequantize_into(gathered_, q_, world_, output_);
@@ -112,30 +144,37 @@ void check_block(int64_t block) {
 
 }  // namespace
 
-int64_t quantized_all_gather_bytes(int64_t numel, QuantizedAllGatherOptions options) {
+int64_t quantized_all_gather_bytes(const std::vector<int64_t>& lengths,
+                                   QuantizedAllGatherOptions options) {
   check_block(options.block_size);
-  return quant_layout(numel, options.block_size).bytes();
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  for (int64_t n : lengths) {
+    offsets.push_back(numel);
+    numel += n;
+  }
+  return quant_layout(numel, offsets, options.block_size).bytes();
 }
 
 AllGatherComm quantized_all_gather(QuantizedAllGatherOptions options) {
   check_block(options.block_size);
   const int64_t block = options.block_size;
-  return [block](const at::Tensor& output, const at::Tensor& input,
-                 ProcessGroup& group) -> WorkPtr {
+  return [block](const at::Tensor& output, const at::Tensor& input, ProcessGroup& group,
+                 const std::vector<int64_t>& offsets) -> WorkPtr {
     FSDP_CHECK_ARG(input.is_floating_point() && output.scalar_type() == input.scalar_type() &&
                        output.numel() == group.size() * input.numel(),
                    "quantized_all_gather: expected a floating input of n elements and an output "
                    "of {} * n of its dtype, got {} ({}) and {} ({})",
                    group.size(), input.numel(), c10::toString(input.scalar_type()), output.numel(),
                    c10::toString(output.scalar_type()));
-    const QuantLayout q = quant_layout(input.numel(), block);
+    QuantLayout q = quant_layout(input.numel(), offsets, block);
     const auto bytes = input.options().dtype(at::kByte);
     at::Tensor send = at::empty({q.bytes()}, bytes);
     quantize_into(input, q, send);
     at::Tensor gathered = at::empty({group.size() * q.bytes()}, bytes);
     WorkPtr work = group.all_gather(gathered, send);
-    return std::make_shared<DequantizeWork>(std::move(work), std::move(gathered), output, q,
-                                            group.size(), std::move(send));
+    return std::make_shared<DequantizeWork>(std::move(work), std::move(gathered), output,
+                                            std::move(q), group.size(), std::move(send));
   };
 }
 

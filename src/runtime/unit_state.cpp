@@ -74,7 +74,10 @@ void UnitState::pre_forward() {
   FSDP_RANGE(group_->range_names().pre_forward);
   Tree& tree = group_->tree();
   // A later member of a unit of several modules: the unit's pre-forward ran with the first.
-  if (members_ran_ > 0 && tree.recompute_depth() == 0) return;
+  if (modules_.size() > 1 && tree.recompute_depth() == 0) {
+    if (group_open_) return;
+    group_open_ = true;
+  }
   if (tree.recompute_depth() > 0) {
     // Inside a checkpointed unit's recompute: gather for the backward that follows; the
     // forward order (prefetch) and the unit's place in this backward (its training state)
@@ -142,16 +145,49 @@ bool UnitState::prepare_output(at::Tensor& output) {
   return true;
 }
 
-void UnitState::post_forward(bool hooked_outputs) {
+void UnitState::post_forward(bool hooked_outputs, const torch::nn::Module* member) {
   FSDP_RANGE(group_->range_names().post_forward);
   Tree& tree = group_->tree();
   // In a recompute the backward follows at once: keep the parameters, leave the order and the
   // training state alone.
   if (tree.recompute_depth() > 0) return;
-  // A unit of several modules frees after the last of them.
-  if (modules_.size() > 1 && ++members_ran_ < modules_.size()) return;
-  members_ran_ = 0;
+  if (modules_.size() > 1) {
+    // A unit of several modules completes after every member ran (a member run twice counts
+    // once); one that some member skipped completes at the end of the root's forward.
+    members_ran_.resize(modules_.size(), false);
+    size_t index = 0;
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      if (auto m = modules_[i].lock(); m && m.get() == member) index = i;
+    }
+    members_ran_[index] = true;
+    members_hooked_ = members_hooked_ && hooked_outputs;
+    for (bool ran : members_ran_) {
+      if (!ran) return;
+    }
+    hooked_outputs = members_hooked_;
+    close_group();
+  }
+  complete_forward(hooked_outputs);
+}
+
+void UnitState::close_group() {
+  group_open_ = false;
+  members_ran_.assign(members_ran_.size(), false);
+  members_hooked_ = true;
+}
+
+void UnitState::complete_forward(bool hooked_outputs) {
+  Tree& tree = group_->tree();
   const bool grad_mode = at::GradMode::is_enabled();
+  if (is_root()) {
+    // Units of several modules that some member skipped in this forward complete now.
+    for (UnitState* u : tree.units()) {
+      if (u == this || !u->group_open_) continue;
+      const bool hooked = u->members_hooked_;
+      u->close_group();
+      u->complete_forward(hooked);
+    }
+  }
   if (is_root() && grad_mode) check_checkpointed_units_ran(tree);
   post_forward_index_ = tree.record_post_forward(this);
   // Outputs the backward cannot find this unit through (not tensors) keep the parameters
@@ -165,7 +201,7 @@ void UnitState::post_forward(bool hooked_outputs) {
 void UnitState::forward_failed() {
   Tree& tree = group_->tree();
   if (tree.recompute_depth() > 0) return;  // the backward fails with it; reset follows
-  members_ran_ = 0;
+  close_group();
   group_->post_forward(AfterForward::kFree);
   // The root's forward is the step's: nothing of it can be backpropagated.
   if (is_root()) tree.reset();
@@ -227,13 +263,13 @@ void UnitState::on_input_grad() {
 }
 
 void UnitState::end_backward() {
-  members_ran_ = 0;
+  close_group();
   group_->finalize_backward();
   inputs_wrapped_ = inputs_grad_seen_ = 0;
 }
 
 void UnitState::reset_step() {
-  members_ran_ = 0;
+  close_group();
   group_->reset();
   inputs_wrapped_ = inputs_grad_seen_ = 0;
   post_forward_index_ = -1;

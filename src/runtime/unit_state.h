@@ -63,8 +63,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // Casts to output_dtype and hooks the pre-backward. Returns false when `output` does not
   // require a gradient.
   bool prepare_output(at::Tensor& output);
-  // `hooked_outputs`: whether the backward can find this unit through its outputs.
-  void post_forward(bool hooked_outputs);
+  // `hooked_outputs`: whether the backward can find this unit through its outputs. `member`:
+  // the module that ran (a unit of several modules completes its forward once every member
+  // ran, or at the end of the root's forward); null: the first.
+  void post_forward(bool hooked_outputs, const torch::nn::Module* member = nullptr);
   // The module's forward threw: frees what pre-forward gathered, as post-forward would.
   void forward_failed();
   bool checkpoints_forward() const;
@@ -91,9 +93,15 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   static void check_checkpointed_units_ran(const Tree& tree);
 
   std::vector<std::weak_ptr<torch::nn::Module>> modules_;
-  // A unit of several modules: members whose forward ran since its pre-forward; the last one's
-  // post-forward is the unit's.
-  size_t members_ran_ = 0;
+  // A unit of several modules: open from the first member's pre-forward until every member ran
+  // (each once or more) or the root's forward ends; which members ran, and whether every one's
+  // outputs were hooked.
+  bool group_open_ = false;
+  std::vector<bool> members_ran_;
+  bool members_hooked_ = true;
+  void close_group();
+  // The unit's post-forward proper (after its last member, or alone).
+  void complete_forward(bool hooked_outputs);
   FullyShardOptions options_;
   std::shared_ptr<ParamGroup> group_;
   std::string name_;  // qualified name in the root's tree, set by the root's lazy init

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -80,12 +81,16 @@ TEST_P(CommHooks, HooksThatCallTheGroupTrainAsWithout) {
         auto hooked = make_run(spec, pg);
         int gathers = 0, reductions = 0, hooks = 0;
         for (auto& u : units_of(hooked)) {
-          u.set_custom_all_gather(
-              [&](const at::Tensor& out, const at::Tensor& in, ProcessGroup& g) {
-                ++gathers;
-                EXPECT_EQ(out.numel(), g.size() * in.numel());
-                return g.all_gather(out, in);
-              });
+          u.set_custom_all_gather([&](const at::Tensor& out, const at::Tensor& in, ProcessGroup& g,
+                                      const std::vector<int64_t>& offsets) {
+            ++gathers;
+            EXPECT_EQ(out.numel(), g.size() * in.numel());
+            EXPECT_FALSE(offsets.empty());
+            EXPECT_EQ(offsets.front(), 0);
+            EXPECT_TRUE(std::is_sorted(offsets.begin(), offsets.end()));
+            EXPECT_LT(offsets.back(), in.numel());
+            return g.all_gather(out, in);
+          });
           u.set_custom_reduce_scatter(
               [&](const at::Tensor& out, const at::Tensor& in, ProcessGroup& g, ReduceOp op) {
                 ++reductions;
@@ -222,7 +227,7 @@ TEST(QuantizedAllGather, RoundsEachBlockAndSendsAQuarterOfTheBytes) {
           auto output = at::empty({world * n}, input.options());
           const auto before = pg->stats().bytes_of(CollectiveKind::kAllGather);
           auto hook = quantized_all_gather({block});
-          hook(output, input, *pg)->wait();
+          hook(output, input, *pg, {0})->wait();
           bytes[pg->rank()] = pg->stats().bytes_of(CollectiveKind::kAllGather) - before;
           results[pg->rank()] = output;
           // Own block: within half a quantization step of the input.
@@ -242,9 +247,31 @@ TEST(QuantizedAllGather, RoundsEachBlockAndSendsAQuarterOfTheBytes) {
     for (int r = 1; r < world; ++r) EXPECT_TRUE(at::equal(results[r], results[0]));
     const int64_t want_bytes = 16 * block + 16 * 4;  // 1000 padded to 16 blocks, 16 scales
     EXPECT_EQ(bytes[0], want_bytes);
-    EXPECT_EQ(quantized_all_gather_bytes(n, {block}), want_bytes);
+    EXPECT_EQ(quantized_all_gather_bytes({n}, {block}), want_bytes);
     EXPECT_LT(static_cast<double>(bytes[0]) / (n * 4), 0.28);  // 0.25 + scales + padding
   }
+}
+
+// Blocks stop at each parameter's end: a bias near 1e-3 after a weight near 1 keeps its values
+// (within half its own step); in a block shared with the weight it would round to 0.
+TEST(QuantizedAllGather, BlocksDoNotSpanParameters) {
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(5 + pg->rank());
+        auto input = at::cat({at::randn({100}, gen), at::randn({20}, gen) * 1e-3});
+        auto output = at::empty({2 * 120}, input.options());
+        quantized_all_gather({256})(output, input, *pg, {0, 100})->wait();
+        auto bias = input.narrow(0, 100, 20), got = output.narrow(0, pg->rank() * 120 + 100, 20);
+        const double step = bias.abs().max().item<double>() / 127;
+        EXPECT_LE((got - bias).abs().max().item<double>(), step * 0.5 + 1e-9);
+        EXPECT_GT(got.abs().max().item<double>(), 0) << "a small parameter was rounded to 0";
+        // One block over both: the bias is lost, which is what the offsets prevent.
+        quantized_all_gather({256})(output, input, *pg, {0})->wait();
+        EXPECT_EQ(output.narrow(0, pg->rank() * 120 + 100, 20).abs().max().item<double>(), 0);
+        EXPECT_EQ(quantized_all_gather_bytes({100, 20}, {256}), 2 * 256 + 2 * 4);
+      },
+      test_options());
 }
 
 // Training with quantized weights stays close to the unquantized curve, the shards keep full

@@ -21,8 +21,12 @@ struct HeadNetImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens) {
     auto x = emb(tokens);
     x = x + b(a(x).relu());
-    return head(norm(x));
+    x = norm(x);
+    if (skip_head) return x.sum(-1);  // a forward in which a member does not run
+    auto y = head(x);
+    return head_twice ? y + head(x * 0.5) : y;
   }
+  bool skip_head = false, head_twice = false;
   torch::nn::Embedding emb{nullptr};
   Unit<torch::nn::Linear> a, b, head;
   Unit<torch::nn::LayerNorm> norm;
@@ -157,6 +161,46 @@ TEST_P(ModuleGroup, TrainsAsSeparateUnitsWithOneGatherForTheGroup) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ModuleGroup, ::testing::Values(1, 2, 4));
+
+// A forward in which a member does not run (an evaluation that stops at the norm) completes the
+// unit at the end of the root's forward: nothing stays gathered, and training after it is the
+// separate units' training. A member called twice in a forward counts once.
+TEST(ModuleGroupMembers, SkippedOrRepeatedMembers) {
+  const Inputs s = make_inputs();
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        for (bool twice : {false, true}) {
+          Model sep = make(s, Units::kSeparate, pg);
+          Model grp = make(s, Units::kGrouped, pg);
+          for (Model* m : {&sep, &grp}) {
+            at::NoGradGuard no_grad;
+            m->net->skip_head = true;
+            m->root(s.tokens[0]);
+            m->net->skip_head = false;
+            m->net->head_twice = twice;
+          }
+          EXPECT_EQ(grp.group[0].sharded_state(), ShardedState::kSharded);
+          EXPECT_EQ(grp.group[1].sharded_state(), ShardedState::kSharded);
+          // With gradients: the head's skipped member leaves the unit to the root's end, and
+          // backward gathers it again for the norm.
+          {
+            grp.net->skip_head = true;
+            auto out = grp.root(s.tokens[0]);
+            EXPECT_EQ(grp.group[0].sharded_state(), ShardedState::kSharded);
+            out.sum().backward();
+            grp.net->skip_head = false;
+            sep.net->skip_head = true;
+            sep.root(s.tokens[0]).sum().backward();
+            sep.net->skip_head = false;
+          }
+          const auto want = train(sep, s, pg->rank(), 2);
+          const auto got = train(grp, s, pg->rank(), 2);
+          EXPECT_EQ(got, want) << (twice ? "head twice" : "");
+        }
+      },
+      test_options());
+}
 
 TEST(ModuleGroupErrors, RefusesListsThatAreNotDisjointUnsharded) {
   run_local_ranks(

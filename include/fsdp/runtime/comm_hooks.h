@@ -6,14 +6,17 @@
 //
 // A hook replaces one collective of the unit and nothing else: the runtime still packs the flat
 // buffers (fsdp/runtime/layout.h), pools them, counts them in MemoryStats, waits on the Work the
-// hook returns (timed as exposed communication) and unpacks. A hook must be a collective: every
-// rank of the group calls it in the same order, and it must fill the whole output.
+// hook returns (timed as exposed communication) and unpacks. Temporaries a hook makes itself are
+// its own (not in MemoryStats). A hook must be a collective: every rank of the group calls it in
+// the same order, and it must fill the whole output. On a GPU, the runtime issues it and waits
+// on its Work on the same (current) stream.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/comm/work.h"
@@ -22,11 +25,14 @@ namespace fsdp {
 
 // A unit's all-gather: `input` is this rank's flat buffer (the compute dtype, n elements) and
 // `output` receives every rank's, rank after rank (group.size() * n elements, the same dtype).
-// Returns the handle whose wait() makes `output` usable (null: done already). Used for every
-// gather of the unit: before forward, before backward, and over the smaller group of
-// reshard_after_forward_ranks.
+// `offsets`: where each parameter's elements start in `input` (ascending; FSDP2's AllGather is
+// not told, ours is, so that a hook may treat parameters apart, as a quantizer's blocks must).
+// Returns the handle whose wait() makes `output` usable (null: done already). Used for the
+// gathers of the shards before forward and before backward; the regather over the smaller
+// group of reshard_after_forward_ranks moves the forward's values with the group's own.
 using AllGatherComm =
-    std::function<WorkPtr(const at::Tensor& output, const at::Tensor& input, ProcessGroup& group)>;
+    std::function<WorkPtr(const at::Tensor& output, const at::Tensor& input, ProcessGroup& group,
+                          const std::vector<int64_t>& offsets)>;
 
 // A unit's reduce-scatter of its gradients: `input` holds the group.size() ranks' flat
 // gradient buffers one after another (the reduce dtype), `output` receives this rank's reduced
@@ -43,19 +49,25 @@ using ReduceScatterComm = std::function<WorkPtr(const at::Tensor& output, const 
 // nor, with hybrid sharding, by those without the all-reduce (set_requires_all_reduce(false)).
 using AllReduceHook = std::function<void(const at::Tensor& reduce_output)>;
 
-// ZeRO++'s quantized weights (qwZ): each rank's flat buffer is split into blocks of
-// `block_size` elements, each block stored as int8 with one float32 scale (its largest
-// magnitude / 127, rounded to nearest), and the bytes are all-gathered (uint8); every rank then
-// dequantizes every block into the compute dtype. Per element 1 + 4 / block_size bytes instead
-// of 4 (float32) or 2 (bfloat16). Every rank computes with the same dequantized weights, its own
-// shard included, so the ranks stay equal; the shards and the optimizer keep full precision
-// (only what the forward and backward read is rounded). Gradients are not quantized.
+// ZeRO++'s quantized weights (qwZ): each parameter's part of a rank's flat buffer is split into
+// blocks of `block_size` elements (a block never spans two parameters, so a norm's weights near
+// 1 do not round a bias near 0 away), each block stored as int8 with one float32 scale (its
+// largest magnitude / 127, rounded to nearest), and the bytes are all-gathered (uint8); every
+// rank then dequantizes every block into the compute dtype. Per element about 1 + 4 /
+// block_size bytes (plus each parameter's last block's padding) instead of 4 (float32) or 2
+// (bfloat16). Every rank computes with the same dequantized weights, its own shard included, so
+// the ranks stay equal; the shards and the optimizer keep full precision (only what the forward
+// and backward read is rounded). Gradients are not quantized. Its temporaries: a float32 copy
+// of the rank's buffer, the quantized bytes of every rank, and one rank's float32 values at a
+// time while dequantizing.
 struct QuantizedAllGatherOptions {
   int64_t block_size = 256;  // a multiple of 4 in [4, 1 << 20]
 };
 // The hook; InvalidArgument for a block size outside the contract.
 AllGatherComm quantized_all_gather(QuantizedAllGatherOptions options = {});
-// Bytes one rank sends for `numel` elements through quantized_all_gather(options).
-int64_t quantized_all_gather_bytes(int64_t numel, QuantizedAllGatherOptions options = {});
+// Bytes one rank sends through quantized_all_gather(options) for parameters (parts of its
+// buffer) of these element counts.
+int64_t quantized_all_gather_bytes(const std::vector<int64_t>& lengths,
+                                   QuantizedAllGatherOptions options = {});
 
 }  // namespace fsdp

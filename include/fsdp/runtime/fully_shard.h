@@ -93,6 +93,11 @@ struct ForwardSpec {
 // entry point of every forward through a Unit (src/runtime/forward.cpp).
 std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> inputs,
                                     const ForwardFn& fn, const ForwardSpec& spec);
+// The same, naming the module called: one member of a unit of several modules (fully_shard of
+// a list). The overload above (0.2.0's, kept for programs built against it) names the first.
+std::vector<at::Tensor> run_forward(UnitState& state, std::vector<at::Tensor> inputs,
+                                    const ForwardFn& fn, const ForwardSpec& spec,
+                                    const torch::nn::Module* member);
 }  // namespace detail
 
 // FSDP2's UnshardHandle: wait() completes an unshard(/*async_op=*/true).
@@ -166,9 +171,11 @@ class FSDPModule {
   // Communication hooks (comm_hooks.h), FSDP2's of the same names. Each replaces the unit's own
   // collective (an empty function restores it) from the next one issued; every rank must set
   // the same. Not recursive unless `recurse` (FSDP2 sets them on one unit). Refused while a
-  // backward of the tree runs; parameters gathered when the all-gather changes are freed.
-  // A custom all-gather runs even over one rank (where the runtime would not gather), so that a
-  // quantized gather rounds the same weights at every world size.
+  // backward of the tree runs. Any hook turns off the one-rank shortcut (no gather, gradients
+  // straight into grad()): the hooks run over one rank too, so a quantized gather rounds the
+  // weights at world 1 as well (its blocks follow each rank's buffer, so the rounding itself
+  // differs between world sizes). The regather after forward over reshard_after_forward_ranks
+  // moves the forward's gathered values as they are, not through the custom all-gather.
   void set_custom_all_gather(AllGatherComm comm, bool recurse = false);
   void set_custom_reduce_scatter(ReduceScatterComm comm, bool recurse = false);
   void set_all_reduce_hook(AllReduceHook hook, bool recurse = false);
@@ -245,20 +252,20 @@ class Unit : public FSDPModule {
         return detail::flatten_outputs(detail::apply_with_tensors(f, *stored, tensors));
       };
       return detail::unflatten_outputs<Out>(
-          detail::run_forward(*unit_state, std::move(inputs), fn, spec));
+          detail::run_forward(*unit_state, std::move(inputs), fn, spec, module_.get()));
     } else if constexpr (std::is_void_v<Out>) {
       detail::ForwardFn fn = [f, stored](const std::vector<at::Tensor>& tensors) mutable {
         detail::apply_with_tensors(f, *stored, tensors);
         return std::vector<at::Tensor>{};
       };
-      detail::run_forward(*unit_state, std::move(inputs), fn, spec);
+      detail::run_forward(*unit_state, std::move(inputs), fn, spec, module_.get());
     } else {
       std::optional<Out> out;
       detail::ForwardFn fn = [&out, f, stored](const std::vector<at::Tensor>& tensors) mutable {
         out.emplace(detail::apply_with_tensors(f, *stored, tensors));
         return std::vector<at::Tensor>{};
       };
-      detail::run_forward(*unit_state, std::move(inputs), fn, spec);
+      detail::run_forward(*unit_state, std::move(inputs), fn, spec, module_.get());
       return std::move(*out);
     }
   }
@@ -304,12 +311,15 @@ Unit<Holder> fully_shard(Unit<Holder>& unit, const DeviceMesh& mesh,
 }
 
 // FSDP2's fully_shard([m1, m2]): several modules' parameters as one unit (the final norm with
-// the output head; the experts of a layer): one all-gather before the first of them runs its
+// the output head): one all-gather before the first of them runs its
 // forward, freed after the last one's (each member once per forward, through its fsdp::Unit),
 // and one reduce-scatter once all their gradients are in. The members must be disjoint (none
 // inside another) and not sharded yet. Returns the members, each an FSDPModule of the same unit
 // (its switches act on the whole unit; parameters() gives that member's). An outer unit sharded
-// later adopts it once, as any inner unit.
+// later adopts it once, as any inner unit. A member called twice counts once; a unit some member
+// of which did not run completes (frees) at the end of the root's forward. Like any unit, the
+// unit must run on every rank of its group in each forward (ranks that skip it would not join
+// its all-gather).
 std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules,
                                     const ProcessGroupPtr& pg, FullyShardOptions options = {});
 std::vector<FSDPModule> fully_shard(const std::vector<FSDPModule>& modules, const DeviceMesh& mesh,

@@ -54,13 +54,14 @@ struct FullyShardOptions {
   // path is exercised and checked there too.
   std::optional<CPUOffloadPolicy> offload_policy = std::nullopt;
   // FSDP2's shard_placement_fn: the dim each parameter is sharded on, given its name in the
-  // module and the tensor; nullopt (or no function): 0. A negative dim counts from the end. A
-  // dim other than 0 must divide evenly by the shard group's size (FSDP2's rule too: no padding
-  // there); fully_shard refuses otherwise, naming the parameter. Each rank then holds a
-  // contiguous chunk of that dim (Shard(1) of a [out, in] weight: [out, in / world]), which is
-  // what parameters(), the optimizer and checkpoints see; gathers and reductions move the same
-  // bytes as Shard(0). For experts or weights whose dim 0 is small, or to keep a TP-shaped
-  // dim whole.
+  // module fully_shard shards (for a list of modules: in its member, so two members' "weight"
+  // look alike: tell them by the tensor) and the tensor; nullopt (or no function): 0. A negative
+  // dim counts from the end. A dim other than 0 must divide evenly by the shard group's size
+  // (FSDP2's rule too: no padding there); fully_shard refuses otherwise, naming the parameter. Each
+  // rank then holds a contiguous chunk of that dim (Shard(1) of a [out, in] weight: [out, in /
+  // world]), which is what parameters(), the optimizer and checkpoints see; gathers and reductions
+  // move the same bytes as Shard(0). For experts or weights whose dim 0 is small, or to keep a
+  // TP-shaped dim whole.
   std::function<std::optional<int64_t>(const std::string& name, const at::Tensor& param)>
       shard_placement_fn = nullptr;
 };
