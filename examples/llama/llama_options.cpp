@@ -65,6 +65,15 @@ std::string check(const Options& o) {
     }
   }
   if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
+  if (!o.loss_mask.empty()) {
+    if (o.data_tokens.empty()) return "--loss-mask needs --data-tokens (the tokens it masks)";
+    if (!is_file(o.loss_mask)) {
+      return fmt::format(
+          "--loss-mask {}: no such file (expected one byte per token of "
+          "--data-tokens, from scripts/tokenize_chat.py)",
+          o.loss_mask);
+    }
+  }
   if (o.count < 1) return fmt::format("--count must be positive, got {}", o.count);
   if (o.max_shard_bytes < 1) {
     return fmt::format("--max-shard-bytes must be positive, got {}", o.max_shard_bytes);
@@ -140,6 +149,11 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "With --eval-only: write the logits of the first --count validation windows to "
                  "this safetensors file (tensor \"logits\", fp32)");
   app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  app.add_option(
+      "--loss-mask", o.loss_mask,
+      "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "
+      "the token counts as a target, 0 where not (a chat's prompts); the training loss "
+      "is the mean over counted targets (transformers' labels of -100)");
   app.add_option("--generate-ids", o.generate_ids,
                  "Instead of training: generate after these prompt token ids (space or comma "
                  "separated) with a cache of keys and values, on every rank (sharded like "

@@ -29,9 +29,12 @@ using llama::Options;
 // A token file as the loop's data: the global batch of each step, and validation windows.
 class TokenData final : public trainer::Dataset, public trainer::Windows {
  public:
-  TokenData(const std::string& path, const Options& o, int64_t vocab)
+  TokenData(const std::string& path, const Options& o, int64_t vocab,
+            const std::string& loss_mask = "")
       : file_(path, fsdp::data::TokenFileOptions{fsdp::data::parse_token_dtype(o.tokens_dtype),
-                                                 vocab, o.train.seq, o.train.seed}) {}
+                                                 vocab, o.train.seq, o.train.seed,
+                                                 /*scan_at_open=*/true, loss_mask}),
+        mask_(loss_mask) {}
   trainer::Batch slice(int step, int64_t first, int64_t count) const override {
     auto b = file_.batch(step, first, count);
     return {b.inputs, b.targets};
@@ -42,11 +45,13 @@ class TokenData final : public trainer::Dataset, public trainer::Windows {
     return {b.inputs, b.targets};
   }
   std::string describe() const override {
-    return fmt::format("{} ({} tokens)", file_.path(), file_.size());
+    return fmt::format("{} ({} tokens{})", file_.path(), file_.size(),
+                       mask_.empty() ? "" : ", loss mask " + mask_);
   }
 
  private:
   fsdp::data::TokenFile file_;
+  std::string mask_;
 };
 
 fsdp::FullyShardOptions unit_options(const Options& o, bool layer) {
@@ -191,7 +196,9 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   auto b = build(o, dist, mesh);
   const int64_t vocab = b.config.vocab_size;
   std::unique_ptr<TokenData> train, val;
-  if (!o.data_tokens.empty()) train = std::make_unique<TokenData>(o.data_tokens, o, vocab);
+  if (!o.data_tokens.empty()) {
+    train = std::make_unique<TokenData>(o.data_tokens, o, vocab, o.loss_mask);
+  }
   if (!o.val_tokens.empty()) val = std::make_unique<TokenData>(o.val_tokens, o, vocab);
   if (!o.dump_logits.empty()) {
     dump_logits(o, b, *val, dist);
@@ -211,6 +218,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     task.tp = ll::tp_layout(b.config, mesh.tp, mesh.dp_group());
   }
   task.train = train.get();
+  task.masked_targets = !o.loss_mask.empty();
   task.validation = val.get();
   task.info = {
       "Llama",

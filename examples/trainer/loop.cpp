@@ -137,11 +137,15 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
     task.root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
     auto logits = task.logits(batch.tokens.narrow(0, k * micro, micro).to(device));
     auto targets = batch.targets.narrow(0, k * micro, micro).to(device);
-    auto loss =
-        (task.loss ? task.loss(logits, targets)
-                   : torch::nn::functional::cross_entropy(
-                         logits.reshape({-1, task.vocab}).to(torch::kFloat), targets.reshape(-1))) /
-        o.grad_accum;
+    // The mean over the counted targets (-100: not counted, as transformers' labels); none
+    // counted: zero, through the logits so that the backward's collectives still run.
+    const bool none_counted = task.masked_targets && !(targets != -100).any().item<bool>();
+    auto loss = (none_counted ? logits.sum() * 0
+                 : task.loss  ? task.loss(logits, targets)
+                              : torch::nn::functional::cross_entropy(
+                                    logits.reshape({-1, task.vocab}).to(torch::kFloat),
+                                    targets.reshape(-1))) /
+                o.grad_accum;
     loss.backward();
     loss_sum += loss.detach();
   }

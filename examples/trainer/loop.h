@@ -24,6 +24,9 @@ struct Task {
   // checkpoints of the full tensors (empty: none).
   fsdp::tp::Layout tp;
   const Dataset* train = nullptr;
+  // The training targets hold -100 where a loss mask leaves a token out: a micro-batch with no
+  // counted target then adds a zero loss (cross_entropy's mean over none would be NaN).
+  bool masked_targets = false;
   const Windows* validation = nullptr;  // null: no validation
   ModelInfo info;
   // After training (and the last checkpoint): exports, for example. Collective.

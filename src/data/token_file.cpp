@@ -55,10 +55,15 @@ struct TokenMapping {
   size_t bytes = 0;
   int64_t tokens = 0;
   int item = 2;
+  // The loss mask: one byte per token (null without).
+  int mask_fd = -1;
+  const unsigned char* mask = nullptr;
 
   ~TokenMapping() {
     if (data) munmap(const_cast<unsigned char*>(data), bytes);
     if (fd >= 0) close(fd);
+    if (mask) munmap(const_cast<unsigned char*>(mask), static_cast<size_t>(tokens));
+    if (mask_fd >= 0) close(mask_fd);
   }
   int64_t at(int64_t i) const {
     return item == 2 ? reinterpret_cast<const uint16_t*>(data)[i]
@@ -118,6 +123,7 @@ TokenFile::TokenFile(const std::string& path, const TokenFileOptions& options)
   FSDP_CHECK_ARG(p != MAP_FAILED, "cannot map the token file {}: {}", path, std::strerror(errno));
   m.data = static_cast<const unsigned char*>(p);
   m.bytes = size;
+  if (!options.loss_mask.empty()) map_mask(options);
   if (!options.scan_at_open) return;
   // Chunks of 1M tokens (2 or 4 MiB: page-aligned), read sequentially and then dropped from this
   // process's resident set (the file stays in the page cache for the kernel to manage).
@@ -136,6 +142,37 @@ TokenFile::TokenFile(const std::string& path, const TokenFileOptions& options)
             static_cast<size_t>((end - begin) * m.item), MADV_DONTNEED);
   }
   madvise(p, size, MADV_RANDOM);  // batches read scattered windows
+}
+
+void TokenFile::map_mask(const TokenFileOptions& options) {
+  auto& m = *map_;
+  const std::string& path = options.loss_mask;
+  m.mask_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK_ARG(m.mask_fd >= 0, "cannot open the loss mask {}: {}", path, std::strerror(errno));
+  struct stat st {};
+  FSDP_CHECK_ARG(fstat(m.mask_fd, &st) == 0 && S_ISREG(st.st_mode),
+                 "loss mask {} is not a regular file", path);
+  if (static_cast<int64_t>(st.st_size) != m.tokens) {
+    throw FormatError(fmt::format(
+        "loss mask {}: {} bytes, but the token file {} holds {} tokens; one byte per token "
+        "expected (the two files of one scripts/tokenize_chat.py run)",
+        path, static_cast<int64_t>(st.st_size), m.path, m.tokens));
+  }
+  void* p = mmap(nullptr, static_cast<size_t>(m.tokens), PROT_READ, MAP_PRIVATE, m.mask_fd, 0);
+  FSDP_CHECK_ARG(p != MAP_FAILED, "cannot map the loss mask {}: {}", path, std::strerror(errno));
+  m.mask = static_cast<const unsigned char*>(p);
+  if (!options.scan_at_open) return;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < m.tokens; ++i) {
+    if (m.mask[i] > 1) {
+      throw FormatError(fmt::format("loss mask {}: byte {} is {}; expected 0 or 1", path, i,
+                                    static_cast<int>(m.mask[i])));
+    }
+    counted += m.mask[i];
+  }
+  if (counted == 0) {
+    throw FormatError(fmt::format("loss mask {}: no token counts (every byte is 0)", path));
+  }
 }
 
 TokenFile::~TokenFile() = default;
@@ -160,15 +197,19 @@ TokenBatch windows(const detail::TokenMapping& m, int64_t vocab, int64_t seq, in
                    StartOf start_of) {
   auto rows = torch::empty({count, seq + 1}, torch::kLong);
   auto* out = rows.data_ptr<int64_t>();
+  auto targets = torch::empty({count, seq}, torch::kLong);
+  auto* t = targets.data_ptr<int64_t>();
   for (int64_t r = 0; r < count; ++r) {
     const int64_t start = start_of(r);
     for (int64_t j = 0; j <= seq; ++j) {
       const int64_t id = m.at(start + j);
       if (id >= vocab) m.bad_id(start + j, id, vocab);
       out[r * (seq + 1) + j] = id;
+      // The target of position j - 1; not counted where the mask says so.
+      if (j > 0) t[r * seq + j - 1] = m.mask && m.mask[start + j] == 0 ? -100 : id;
     }
   }
-  return {rows.narrow(1, 0, seq).contiguous(), rows.narrow(1, 1, seq).contiguous()};
+  return {rows.narrow(1, 0, seq).contiguous(), targets};
 }
 
 }  // namespace

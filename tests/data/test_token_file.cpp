@@ -142,6 +142,55 @@ TEST(TokenFile, ValidationWindowsSplitOverRanksCoverEachOnce) {
   std::remove(path.c_str());
 }
 
+// A loss mask (one byte per token): targets whose byte is 0 are -100, the inputs and the other
+// targets are the file's; a mask of the wrong size, a byte other than 0 and 1, or one that
+// counts nothing is refused naming the files.
+TEST(TokenFile, LossMaskLeavesTargetsOut) {
+  const int64_t n = 300, seq = 12, vocab = 61;
+  auto ids = counting(n, vocab);
+  auto path = write_tokens(ids);
+  std::vector<uint8_t> mask(n);
+  for (int64_t i = 0; i < n; ++i) mask[i] = (i / 7) % 2;  // spans of 7
+  auto mask_path = write_tokens(mask);
+  auto o = options(vocab, seq, 9);
+  o.loss_mask = mask_path;
+  TokenFile f(path, o);
+  TokenFile plain(path, options(vocab, seq, 9));
+  for (int64_t step : {0, 3}) {
+    auto b = f.batch(step, 0, 4), p = plain.batch(step, 0, 4);
+    EXPECT_TRUE(torch::equal(b.inputs, p.inputs));
+    int64_t out = 0;
+    for (int64_t r = 0; r < 4; ++r) {
+      const uint64_t start = mix_by_hand(mix_by_hand(mix_by_hand(9) ^ static_cast<uint64_t>(step)) ^
+                                         static_cast<uint64_t>(r)) %
+                             static_cast<uint64_t>(n - seq);
+      for (int64_t j = 0; j < seq; ++j) {
+        const int64_t want = mask[start + j + 1] ? ids[start + j + 1] : -100;
+        ASSERT_EQ(b.targets[r][j].item<int64_t>(), want) << step << " " << r << " " << j;
+        out += want == -100;
+      }
+    }
+    EXPECT_GT(out, 0);
+  }
+  std::vector<uint8_t> short_mask(n - 1, 1), bad(n, 1), none(n, 0);
+  bad[17] = 2;
+  for (const auto& [m, needle] :
+       {std::pair{short_mask, "299 bytes, but the token file"},
+        std::pair{bad, "byte 17 is 2; expected 0 or 1"}, std::pair{none, "no token counts"}}) {
+    auto q = options(vocab, seq);
+    q.loss_mask = write_tokens(m);
+    try {
+      TokenFile g(path, q);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const fsdp::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    std::remove(q.loss_mask.c_str());
+  }
+  std::remove(path.c_str());
+  std::remove(mask_path.c_str());
+}
+
 TEST(TokenFile, BadSizesAndIdsAreNamed) {
   // 7 bytes: three and a half uint16 tokens.
   const std::string odd = scratch_path("odd") + ".bin";

@@ -93,17 +93,24 @@ def check_vocab(tokens, vocab, path):
                    f"(wrong tokenizer or --tokens-dtype?)")
 
 
-def batch_rows(tokens, seed, step, first, count, seq):
-    """Sequences [first, first+count) of step's global batch: (inputs, targets), int64 [count, seq]."""
+def batch_rows(tokens, seed, step, first, count, seq, mask=None):
+    """Sequences [first, first+count) of step's global batch: (inputs, targets), int64 [count, seq].
+    With a loss mask (one byte per token), targets whose mask byte is 0 are -100 (transformers'
+    ignored labels)."""
     n = len(tokens)
     if n <= seq:
         raise Fail(f"the token file has {n} tokens, need more than seq={seq}")
-    rows = []
+    rows, masks = [], []
     for i in range(first, first + count):
         start = draw(seed, step, i) % (n - seq)
         rows.append(tokens[start:start + seq + 1].astype(np.int64))
+        if mask is not None:
+            masks.append(mask[start + 1:start + seq + 1])
     t = torch.from_numpy(np.stack(rows))
-    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+    inputs, targets = t[:, :-1].contiguous(), t[:, 1:].contiguous()
+    if mask is not None:
+        targets[torch.from_numpy(np.stack(masks)) == 0] = -100
+    return inputs, targets
 
 
 def val_window_count(n_tokens, seq):
@@ -370,6 +377,9 @@ def train_worker(rank, world, a, done):
     if distributed:
         init_gloo(rank, world, a.port)
     tokens = read_tokens(a.data_tokens, a.tokens_dtype)
+    mask = np.fromfile(a.loss_mask, dtype=np.uint8) if a.loss_mask else None
+    if mask is not None and len(mask) != len(tokens):
+        raise Fail(f"--loss-mask {a.loss_mask}: {len(mask)} bytes for {len(tokens)} tokens")
     val_tokens = read_tokens(a.val_tokens, a.tokens_dtype) if a.val_tokens else None
     model = load_transformers(a.hf_dir).train()
     vocab = model.config.vocab_size
@@ -415,11 +425,15 @@ def train_worker(rank, world, a, done):
         lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr_schedule, a.lr_min)
         for g in opt.param_groups:
             g["lr"] = lr
-        inputs, targets = batch_rows(tokens, a.seed, step, dp_rank * per_rank, per_rank, a.seq)
+        inputs, targets = batch_rows(tokens, a.seed, step, dp_rank * per_rank, per_rank, a.seq,
+                                     mask)
         opt.zero_grad(set_to_none=True)
         with loss_context():
             logits = model(input_ids=inputs, use_cache=False).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
+            if mask is not None and not bool((targets != -100).any()):
+                loss = logits.sum() * 0  # nothing counted: zero, as the trainer does
+            else:
+                loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
             loss.backward()
         opt.step()
         if hasattr(loss, "full_tensor"):  # a DTensor under loss_parallel
@@ -698,6 +712,8 @@ def parser():
     t = sub.add_parser("train", help="the reference training run")
     t.add_argument("--hf-dir", required=True)
     t.add_argument("--data-tokens", required=True)
+    t.add_argument("--loss-mask", default="",
+                   help="one byte per token: 0 leaves the target out (labels -100)")
     add_tokens_dtype(t)
     t.add_argument("--seq", type=int, required=True)
     t.add_argument("--batch", type=int, required=True, help="global batch (sequences per step)")

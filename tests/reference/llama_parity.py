@@ -54,6 +54,19 @@ def write_tokens(path, count, vocab, seed):
     walk.astype("<u2").tofile(path)
 
 
+def write_mask(path, count, seed):
+    """A chat-like loss mask: alternating spans left out (prompts, 5..60 tokens) and counted
+    (answers, 3..40 tokens), so that some windows count few targets and the per-rank means
+    weigh differently from an unmasked run."""
+    rng = np.random.default_rng(seed)
+    mask, counted = [], False
+    while len(mask) < count:
+        n = int(rng.integers(3, 41) if counted else rng.integers(5, 61))
+        mask += [1 if counted else 0] * n
+        counted = not counted
+    np.array(mask[:count], dtype=np.uint8).tofile(path)
+
+
 def read_metrics(path, who):
     if not os.path.isfile(path):
         sys.exit(f"{who} wrote no metrics file {path}")
@@ -85,6 +98,10 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}", f"--tp={a.tp}",
               f"--batch={a.batch}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
               f"--lr-schedule={a.lr_schedule}", f"--weight-decay={a.weight_decay}", f"--seed={a.seed}"]
+    if a.loss_mask:
+        mask = os.path.join(tmp, "train.mask")
+        write_mask(mask, 20000, seed=3)
+        common.append(f"--loss-mask={mask}")
     ref_metrics = os.path.join(tmp, "reference.jsonl")
     ref_mode = a.ref_mode or ("local" if a.ref_world == 1 else "fsdp2")
     ref_common = [c for c in common if not c.startswith("--tp=")] + [f"--tp={a.ref_tp}"]
@@ -107,7 +124,8 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     if len(want) != a.steps or len(got) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(want)} ({ref_name}), {len(got)} ({other_name})")
 
-    print(f"{'tied' if a.tied else 'untied'} head, {ref_name} against {other_name}")
+    print(f"{'tied' if a.tied else 'untied'} head{', loss mask' if a.loss_mask else ''}, "
+          f"{ref_name} against {other_name}")
     print(f"{'step':>4} {'lr':>12} {ref_name:>24} {other_name:>24} {'rel err':>10}")
     worst, lr_bad = 0.0, []
     for w, g in zip(want, got):
@@ -187,6 +205,9 @@ def main():
     p.add_argument("--sp", action="store_true",
                    help="train_llama --sp (sequence parallelism: the same math; the reference "
                         "runs PyTorch's TP without it)")
+    p.add_argument("--loss-mask", action="store_true",
+                   help="train on a chat-like loss mask (--loss-mask on both sides: targets "
+                        "outside the counted spans are -100)")
     p.add_argument("--kv-heads", type=int, default=SIZES["kv_heads"],
                    help="key/value heads of the tiny model (4 for --tp 4)")
     p.add_argument("--steps", type=int, default=10)

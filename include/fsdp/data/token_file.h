@@ -60,6 +60,11 @@ struct TokenFileOptions {
   int64_t seq = 0;    // tokens per sequence (required)
   uint64_t seed = 0;  // of the batch draws
   bool scan_at_open = true;
+  // A loss mask (scripts/tokenize_chat.py's): one byte per token, 1 where the token counts as a
+  // target, 0 where not (a chat's prompt and template tokens). Batches then hold -100 (the
+  // ignore index of cross_entropy and of transformers' labels) as the target where the mask is
+  // 0. Empty: every target counts.
+  std::string loss_mask;
 };
 
 class TokenFile {
@@ -69,6 +74,8 @@ class TokenFile {
   // >= vocab: the id, its token index and its byte offset; InvalidArgument when it cannot be
   // opened, for a vocab or seq that is not positive, a vocab the dtype cannot hold ids of, or
   // a file of n <= seq tokens (no sequence of seq + 1 tokens fits).
+  // With options.loss_mask: FormatError naming both files when the mask's size is not one byte
+  // per token, or (scan_at_open) a byte other than 0 and 1, with its index.
   TokenFile(const std::string& path, const TokenFileOptions& options);
   ~TokenFile();
   TokenFile(TokenFile&&) noexcept;
@@ -93,6 +100,7 @@ class TokenFile {
   Share val_windows(int rank, int world) const;
 
  private:
+  void map_mask(const TokenFileOptions& options);
   std::unique_ptr<detail::TokenMapping> map_;
   TokenFileOptions options_;
 };

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Chat data end to end: conversations (JSONL, both forms) through scripts/tokenize_chat.py with a
+# model's own chat template (a byte-level BPE tokenizer.json with Llama 3's template) into a
+# token file and a loss mask that counts only the assistant turns; train_llama --loss-mask at
+# world 2 (MPI) then gives the losses transformers trained by PyTorch FSDP2 over gloo gives with
+# labels of -100 outside the assistant turns (1e-5). Bad input is refused by name, nothing
+# written or trained: a conversation without an assistant turn, a tokenizer without a chat
+# template, a loss mask of the wrong length.
+#   chat_finetune.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
+set -uo pipefail
+bin="$1"; py="$2"; shift 2
+mpiexec=("$@")
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ref="$root/tests/reference"
+tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fail=0
+
+"$py" "$ref/make_chat_tokenizer.py" --out "$tmp/model" --vocab-size 600 \
+  /usr/share/common-licenses/GPL-3 > "$tmp/tok.log" 2>&1 || { cat "$tmp/tok.log"; exit 1; }
+"$py" - "$tmp" <<'PY'
+import json, random, sys
+random.seed(1)
+with open(f"{sys.argv[1]}/chats.jsonl", "w") as f:
+    for i in range(300):
+        a, b = random.randint(1, 50), random.randint(1, 50)
+        if i % 2:
+            f.write(json.dumps({"messages": [
+                {"role": "system", "content": "You add numbers."},
+                {"role": "user", "content": f"What is {a} plus {b}?"},
+                {"role": "assistant", "content": f"{a} plus {b} is {a + b}."},
+                {"role": "user", "content": "And doubled?"},
+                {"role": "assistant", "content": f"Doubled it is {2 * (a + b)}."}]}) + "\n")
+        else:
+            f.write(json.dumps({"prompt": f"Add {a} and {b}.", "completion": f"The sum is {a + b}."}) + "\n")
+PY
+"$py" "$root/scripts/tokenize_chat.py" "$tmp/chats.jsonl" --tokenizer "$tmp/model" \
+  --out-dir "$tmp/data" || exit 1
+# The mask counts the assistant turns' text and end-of-turn tokens, and nothing of the prompts.
+"$py" - "$tmp" <<'PY' || fail=1
+import sys, numpy as np, transformers
+d = sys.argv[1]
+t = transformers.AutoTokenizer.from_pretrained(f"{d}/model")
+ids, mask = np.fromfile(f"{d}/data/train.bin", "<u2"), np.fromfile(f"{d}/data/train.mask", "u1")
+counted = t.decode(ids[mask == 1])
+first = t.decode(ids[:200][mask[:200] == 1])
+assert first.startswith("The sum is "), first
+assert "What is" not in counted and "You add numbers" not in counted and "Add " not in counted, counted[:300]
+# 150 prompt/completion pairs (one assistant turn) and 150 conversations of two.
+assert counted.count("<|eot_id|>") == 150 + 2 * 150, counted.count("<|eot_id|>")
+print(f"mask: {int(mask.sum())} of {len(ids)} tokens counted, the assistant turns only")
+PY
+
+vocab=$("$py" -c "import transformers, sys; print(len(transformers.AutoTokenizer.from_pretrained(sys.argv[1])))" "$tmp/model")
+"$py" "$ref/hf_llama.py" make-tiny --out "$tmp/base" --vocab "$vocab" --hidden 64 --layers 2 \
+  --heads 4 --kv-heads 2 --intermediate 160 --seed 7 > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; exit 1; }
+common=(--hf-dir "$tmp/base" --data-tokens "$tmp/data/train.bin" --loss-mask "$tmp/data/train.mask"
+        --seq 64 --batch 8 --steps 10 --lr 3e-3 --warmup 2 --lr-schedule cosine --weight-decay 0.1
+        --seed 5)
+"$py" "$ref/hf_llama.py" train "${common[@]}" --world 2 --mode fsdp2 --metrics-out "$tmp/ref.jsonl" \
+  --port $((20000 + $$ % 20000)) > "$tmp/ref.log" 2>&1 || { cat "$tmp/ref.log"; exit 1; }
+"${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw \
+  --metrics-out "$tmp/cpp.jsonl" > "$tmp/cpp.log" 2>&1 || { cat "$tmp/cpp.log"; exit 1; }
+grep -E "^data:" "$tmp/cpp.log"
+"$py" - "$tmp/ref.jsonl" "$tmp/cpp.jsonl" <<'PY' || fail=1
+import json, sys
+load = lambda p: [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+want, got = load(sys.argv[1]), load(sys.argv[2])
+assert len(want) == len(got) == 10, (len(want), len(got))
+worst = max(abs(g - w) / abs(w) for w, g in zip(want, got))
+print("step  transformers+FSDP2 x2   fsdp-cpp x2 (masked loss)")
+for i, (w, g) in enumerate(zip(want, got)):
+    print(f"{i:>4}  {w:>20.9f}  {g:>12.9f}")
+print(f"worst relative difference {worst:.2e} (tolerance 1e-5); loss {want[0]:.4f} -> {want[-1]:.4f}")
+sys.exit(0 if worst <= 1e-5 and abs(want[-1] - want[0]) > 1e-3 * want[0] else 1)
+PY
+
+expect_error() {  # expect_error NEEDLE COMMAND...
+  local needle="$1"; shift
+  if "$@" > "$tmp/err.log" 2>&1; then
+    echo "FAILED: expected failure for: $*"; fail=1
+  elif ! grep -q -- "$needle" "$tmp/err.log"; then
+    echo "FAILED: message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
+  fi
+}
+printf '%s\n' '{"messages": [{"role": "user", "content": "hi"}]}' > "$tmp/bad.jsonl"
+expect_error "bad.jsonl:1: the conversation has no assistant turn" \
+  "$py" "$root/scripts/tokenize_chat.py" "$tmp/bad.jsonl" --tokenizer "$tmp/model" --out-dir "$tmp/bad"
+[ ! -e "$tmp/bad" ] || { echo "FAILED: a refused input wrote $tmp/bad"; fail=1; }
+"$py" "$ref/make_chat_tokenizer.py" --out "$tmp/plain" --vocab-size 300 --no-template \
+  /usr/share/common-licenses/GPL-3 > /dev/null 2>&1 || fail=1
+expect_error "the tokenizer has no chat template" \
+  "$py" "$root/scripts/tokenize_chat.py" "$tmp/chats.jsonl" --tokenizer "$tmp/plain" --out-dir "$tmp/bad"
+head -c 100 "$tmp/data/train.mask" > "$tmp/short.mask"
+expect_error "one byte per token expected" "$bin" --hf-dir "$tmp/base" --data-tokens \
+  "$tmp/data/train.bin" --loss-mask "$tmp/short.mask" --seq 64 --batch 8 --steps 1 --threads 1
+exit $fail
