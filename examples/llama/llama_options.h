@@ -33,6 +33,7 @@ struct Options {
   int64_t top_k = 0;
   double top_p = 1.0;
   bool no_cache = false;
+  bool ignore_eos = false;
   trainer::TrainOptions train;
 };
 

@@ -174,6 +174,8 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   g.top_p = o.top_p;
   g.seed = o.train.seed;
   g.use_cache = !o.no_cache;
+  // Stops at the config's end-of-sequence ids, as transformers' generate does.
+  if (!o.ignore_eos) g.eos_token_ids = b.config.eos_token_ids;
   g.group = dist.group;
   const auto start = std::chrono::steady_clock::now();
   const auto ids = ll::generate(b.root, *b.model, o.generate_ids, g);

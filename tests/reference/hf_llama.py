@@ -51,7 +51,8 @@ import torch.nn.functional as F
 MASK64 = (1 << 64) - 1
 TOKEN_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 TOKENIZER_FILES = ["tokenizer.model", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json"]
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt"]
 
 
 class Fail(Exception):

@@ -163,9 +163,17 @@ std::string temporary_name(const std::string& dir) {
 }  // namespace
 
 const std::vector<std::string>& tokenizer_file_names() {
-  static const std::vector<std::string> names = {"tokenizer.model", "tokenizer.json",
-                                                 "tokenizer_config.json", "special_tokens_map.json",
-                                                 "added_tokens.json"};
+  // chat_template.jinja: where transformers 4.43+ saves a chat template (tokenize_chat.py and
+  // generation read it); vocab.json and merges.txt: GPT-2-style BPE tokenizers without a
+  // tokenizer.json.
+  static const std::vector<std::string> names = {"tokenizer.model",
+                                                 "tokenizer.json",
+                                                 "tokenizer_config.json",
+                                                 "special_tokens_map.json",
+                                                 "added_tokens.json",
+                                                 "chat_template.jinja",
+                                                 "vocab.json",
+                                                 "merges.txt"};
   return names;
 }
 
