@@ -11,12 +11,20 @@ tokenizer), and the ids of every conversation follow one another in DIR/train.bi
 raw format: little-endian uint16, or uint32 for larger vocabularies).
 
 DIR/train.mask holds one byte per token: 1 for the tokens of assistant turns (what the template
-renders for each assistant message, its end-of-turn token included), 0 for the rest (system and
-user turns, the template's headers); with --train-on-prompt every token is 1. The trainer's loss
-is then the mean over counted targets, transformers' labels of -100 elsewhere. An assistant
-turn's tokens are found by rendering the conversation up to it with the generation prompt and up
-to its end: the template must render each conversation as a prefix of its continuation (every
-common chat template does); one that does not is refused.
+renders for each assistant message after its header: the text and what the template closes the
+turn with, its end-of-turn token and, for ChatML templates, the newline after it), 0 for the rest
+(system and user turns, the template's headers); with --train-on-prompt every token is 1. The
+trainer's loss is then the mean over counted targets, transformers' labels of -100 elsewhere. An
+assistant turn's tokens are found by rendering the conversation up to it with the generation
+prompt and up to its end: the template must render each conversation as a prefix of its
+continuation. Llama 3's, ChatML's (Qwen2, SmolLM2) and most do; some refuse multi-turn data this
+way (templates that move the system prompt to the last user turn, or drop earlier reasoning),
+and such conversations are refused by name. A conversation must not start with an assistant
+turn. The template's own errors (roles that must alternate, an unsupported system role) are
+reported with the file and line.
+
+Validation: train_llama scores --val-tokens on every token (there is no validation mask yet);
+keep a held-out chat file for a masked evaluation of your own.
 
 Packing: conversations are concatenated; a training window of --seq tokens may span two of them,
 and attention then reaches across (positions do not restart per conversation). Masks still
@@ -72,22 +80,28 @@ def messages_of(record, where):
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def render(tokenizer, messages, generation_prompt=False):
-    out = tokenizer.apply_chat_template(messages, tokenize=True,
-                                        add_generation_prompt=generation_prompt)
+def render(tokenizer, messages, where, generation_prompt=False):
+    try:
+        out = tokenizer.apply_chat_template(messages, tokenize=True,
+                                            add_generation_prompt=generation_prompt)
+    except Exception as e:  # noqa: BLE001 (jinja's TemplateError and the template's own raises)
+        fail(f"{where}: the chat template refused the conversation: {e}")
     if isinstance(out, dict) or hasattr(out, "keys"):  # a BatchEncoding in newer transformers
         out = out["input_ids"]
     return list(out)
 
 
 def encode(tokenizer, messages, where, train_on_prompt):
-    ids = render(tokenizer, messages)
+    if messages[0]["role"] == "assistant":
+        fail(f"{where}: the conversation starts with an assistant turn; start with a system or "
+             f"user turn (the template's opening cannot be told from the answer otherwise)")
+    ids = render(tokenizer, messages, where)
     mask = np.ones(len(ids), dtype=np.uint8) if train_on_prompt else np.zeros(len(ids), np.uint8)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = render(tokenizer, messages[:i], generation_prompt=True) if i else []
-        upto = render(tokenizer, messages[:i + 1])
+        before = render(tokenizer, messages[:i], where, generation_prompt=True)
+        upto = render(tokenizer, messages[:i + 1], where)
         if ids[:len(upto)] != upto or upto[:len(before)] != before:
             fail(f"{where}: the chat template does not render the conversation up to message {i} "
                  f"as a prefix of the whole; its assistant tokens cannot be found")

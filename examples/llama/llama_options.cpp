@@ -171,8 +171,8 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "Sample among the most likely tokens whose probabilities sum to p (1: all)")
       ->capture_default_str();
   app.add_flag("--ignore-eos", o.ignore_eos,
-               "--generate-ids goes on past the config's end-of-sequence ids (stops there by "
-               "default, as transformers' generate)");
+               "--generate-ids goes on past the end-of-sequence ids (by default it stops after "
+               "one, as transformers' generate: generation_config.json's, else config.json's)");
   app.add_flag("--no-cache", o.no_cache,
                "--generate-ids without the cache: the whole sequence in every forward");
   app.add_option("--tp", t.tp,

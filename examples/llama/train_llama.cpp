@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
@@ -165,6 +167,24 @@ void dump_logits(const Options& o, Built& b, const TokenData& val, const fsdp::D
   }
 }
 
+// The end-of-sequence ids generation stops at, as transformers' generate takes them: the
+// directory's generation_config.json (which may list more, such as an instruct model's
+// end-of-turn id), else config.json's.
+std::vector<int64_t> eos_ids(const Options& o, const ll::Config& config) {
+  const std::string path = o.hf_dir + "/generation_config.json";
+  if (o.hf_dir.empty() || !std::ifstream(path)) return config.eos_token_ids;
+  try {
+    const auto j = nlohmann::json::parse(std::ifstream(path));
+    if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return config.eos_token_ids;
+    const auto& e = j["eos_token_id"];
+    if (e.is_number_integer()) return {e.get<int64_t>()};
+    return e.get<std::vector<int64_t>>();
+  } catch (const std::exception& e) {
+    throw fsdp::InvalidArgument(
+        fmt::format("{}: eos_token_id is not an id or a list of ids ({})", path, e.what()));
+  }
+}
+
 // --generate-ids: every rank generates (the units gather as in training); rank 0 prints.
 int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   ll::GenerateOptions g;
@@ -174,9 +194,9 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   g.top_p = o.top_p;
   g.seed = o.train.seed;
   g.use_cache = !o.no_cache;
-  // Stops at the config's end-of-sequence ids, as transformers' generate does.
-  if (!o.ignore_eos) g.eos_token_ids = b.config.eos_token_ids;
+  if (!o.ignore_eos) g.eos_token_ids = eos_ids(o, b.config);
   g.group = dist.group;
+  g.device = dist.device;
   const auto start = std::chrono::steady_clock::now();
   const auto ids = ll::generate(b.root, *b.model, o.generate_ids, g);
   const double seconds =

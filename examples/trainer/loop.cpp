@@ -128,24 +128,32 @@ bool finite_step(const torch::Tensor& loss, double grad_norm, const fsdp::Distri
 
 // One step's forward and backward over o.grad_accum micro-batches: gradients accumulate
 // unsharded and are reduced with the last (or after each with --grad-accum-sync); each loss is
-// scaled so that their sum is the batch mean. Returns the loss summed over micro-batches.
+// scaled so that their sum is the mean over the rank's batch: by 1 / grad_accum, or with a loss
+// mask by the micro-batch's share of the batch's counted targets (a mean over every counted
+// target of the batch, whatever the split: not a mean of micro-batch means). Returns the loss
+// summed over micro-batches.
 torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& batch,
                                const c10::Device& device) {
   const int64_t micro = batch.tokens.size(0) / o.grad_accum;
   auto loss_sum = torch::zeros({}, torch::dtype(torch::kFloat).device(device));
+  // Counted on the batch as it comes (on the host): no device sync.
+  const int64_t counted = task.masked_targets ? (batch.targets != -100).sum().item<int64_t>() : 0;
   for (int k = 0; k < o.grad_accum; ++k) {
     task.root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
     auto logits = task.logits(batch.tokens.narrow(0, k * micro, micro).to(device));
-    auto targets = batch.targets.narrow(0, k * micro, micro).to(device);
+    const auto host_targets = batch.targets.narrow(0, k * micro, micro);
+    auto targets = host_targets.to(device);
     // The mean over the counted targets (-100: not counted, as transformers' labels); none
     // counted: zero, through the logits so that the backward's collectives still run.
-    const bool none_counted = task.masked_targets && !(targets != -100).any().item<bool>();
-    auto loss = (none_counted ? logits.sum() * 0
-                 : task.loss  ? task.loss(logits, targets)
-                              : torch::nn::functional::cross_entropy(
-                                    logits.reshape({-1, task.vocab}).to(torch::kFloat),
-                                    targets.reshape(-1))) /
-                o.grad_accum;
+    const int64_t here = task.masked_targets ? (host_targets != -100).sum().item<int64_t>() : 1;
+    auto mean = here == 0 ? logits.sum() * 0
+                : task.loss
+                    ? task.loss(logits, targets)
+                    : torch::nn::functional::cross_entropy(
+                          logits.reshape({-1, task.vocab}).to(torch::kFloat), targets.reshape(-1));
+    auto loss = task.masked_targets ? mean * (static_cast<double>(here) /
+                                              static_cast<double>(std::max<int64_t>(counted, 1)))
+                                    : mean / o.grad_accum;
     loss.backward();
     loss_sum += loss.detach();
   }

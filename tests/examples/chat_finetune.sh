@@ -62,6 +62,18 @@ common=(--hf-dir "$tmp/base" --data-tokens "$tmp/data/train.bin" --loss-mask "$t
 "${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw \
   --metrics-out "$tmp/cpp.jsonl" > "$tmp/cpp.log" 2>&1 || { cat "$tmp/cpp.log"; exit 1; }
 grep -E "^data:" "$tmp/cpp.log"
+# Gradient accumulation splits each rank's batch in two; the objective stays the mean over the
+# rank's counted targets (not a mean of the halves' means): the same losses within rounding.
+"${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw --grad-accum 2 \
+  --metrics-out "$tmp/accum.jsonl" > "$tmp/accum.log" 2>&1 || { cat "$tmp/accum.log"; exit 1; }
+"$py" - "$tmp/ref.jsonl" "$tmp/accum.jsonl" <<'PY' || fail=1
+import json, sys
+load = lambda p: [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+want, got = load(sys.argv[1]), load(sys.argv[2])
+worst = max(abs(g - w) / abs(w) for w, g in zip(want, got))
+print(f"--grad-accum 2: worst relative difference {worst:.2e} against the reference without it")
+sys.exit(0 if len(got) == len(want) and worst <= 1e-5 else 1)
+PY
 "$py" - "$tmp/ref.jsonl" "$tmp/cpp.jsonl" <<'PY' || fail=1
 import json, sys
 load = lambda p: [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
@@ -83,6 +95,9 @@ expect_error() {  # expect_error NEEDLE COMMAND...
     echo "FAILED: message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
   fi
 }
+printf '%s\n' '{"messages": [{"role": "assistant", "content": "hi"}]}' > "$tmp/first.jsonl"
+expect_error "first.jsonl:1: the conversation starts with an assistant turn" \
+  "$py" "$root/scripts/tokenize_chat.py" "$tmp/first.jsonl" --tokenizer "$tmp/model" --out-dir "$tmp/bad"
 printf '%s\n' '{"messages": [{"role": "user", "content": "hi"}]}' > "$tmp/bad.jsonl"
 expect_error "bad.jsonl:1: the conversation has no assistant turn" \
   "$py" "$root/scripts/tokenize_chat.py" "$tmp/bad.jsonl" --tokenizer "$tmp/model" --out-dir "$tmp/bad"

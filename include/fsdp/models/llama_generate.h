@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
@@ -26,7 +27,8 @@ struct GenerateOptions {
   int64_t max_new_tokens = 32;
   // <= 0: greedy (the most likely token). Otherwise the logits are divided by it and a token is
   // drawn from the softmax after top_k and top_p (transformers' order: temperature, top-k,
-  // top-p).
+  // top-p; unlike transformers' generate, whose top_k defaults to 50, top_k 0 keeps every
+  // token). Sampling runs on the host.
   double temperature = 0;
   int64_t top_k = 0;   // keep the k most likely tokens (0: all)
   double top_p = 1.0;  // keep the most likely tokens whose probabilities sum to top_p (1: all)
@@ -37,6 +39,9 @@ struct GenerateOptions {
   std::vector<int64_t> eos_token_ids;
   // When set, rank 0's token is broadcast over it at each step.
   ProcessGroupPtr group;
+  // Where the tokens go: the device the units compute on. Unset: the embedding weight's (set it
+  // under CPU offload, where the weights live in host memory between forwards).
+  std::optional<torch::Device> device;
 };
 
 // The new tokens after `prompt` (at least one token id, each in the vocabulary), at most

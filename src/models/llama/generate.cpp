@@ -38,7 +38,9 @@ void check_options(const GenerateOptions& o, const std::vector<int64_t>& prompt,
   FSDP_MODEL_CHECK(o.top_k >= 0, "generate: top_k must be >= 0, got {}", o.top_k);
   FSDP_MODEL_CHECK(o.top_p > 0 && o.top_p <= 1, "generate: top_p must be in (0, 1], got {}",
                    o.top_p);
-  FSDP_MODEL_CHECK(std::isfinite(o.temperature), "generate: the temperature must be finite");
+  FSDP_MODEL_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
+                   "generate: the temperature must be a finite number >= 0 (0: greedy), got {}",
+                   o.temperature);
 }
 
 }  // namespace
@@ -46,7 +48,8 @@ void check_options(const GenerateOptions& o, const std::vector<int64_t>& prompt,
 int64_t next_token(const torch::Tensor& logits_in, const GenerateOptions& o,
                    at::Generator& generator) {
   torch::NoGradGuard no_grad;
-  auto logits = logits_in.to(torch::kFloat).reshape(-1);
+  // On the host: the generator is a CPU one, and every rank and device then draws alike.
+  auto logits = logits_in.to(torch::kCPU, torch::kFloat).reshape(-1);
   if (o.temperature <= 0) return logits.argmax().item<int64_t>();
   logits = logits / o.temperature;
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -75,7 +78,9 @@ std::vector<int64_t> generate(fsdp::Unit<LlamaForCausalLM>& root, LlamaForCausal
                    "generate: the model splits the sequence over its tensor-parallel group "
                    "(sequence parallelism); one new token does not split: build it without");
   torch::NoGradGuard no_grad;
-  const auto device = model.model->embed_tokens->weight.device();
+  // The device the units compute on (under CPU offload the shards, and so the embedding's
+  // weight between forwards, are in host memory).
+  const auto device = o.device.value_or(model.model->embed_tokens->weight.device());
   auto generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::vector<int64_t> sequence = prompt, out;
   std::vector<LayerCache> cache(model.model->layers.size());
