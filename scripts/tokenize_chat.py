@@ -23,8 +23,8 @@ and such conversations are refused by name. A conversation must not start with a
 turn. The template's own errors (roles that must alternate, an unsupported system role) are
 reported with the file and line.
 
-Validation: train_llama scores --val-tokens on every token (there is no validation mask yet);
-keep a held-out chat file for a masked evaluation of your own.
+Validation: run it on held-out conversations too and give train_llama --val-tokens DIR2/train.bin
+--val-loss-mask DIR2/train.mask: the validation loss then counts their assistant turns alone.
 
 Packing: conversations are concatenated; a training window of --seq tokens may span two of them,
 and attention then reaches across (positions do not restart per conversation). Masks still

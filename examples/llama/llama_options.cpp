@@ -65,6 +65,15 @@ std::string check(const Options& o) {
     }
   }
   if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
+  if (!o.val_loss_mask.empty()) {
+    if (o.val_tokens.empty()) return "--val-loss-mask needs --val-tokens (the tokens it masks)";
+    if (!is_file(o.val_loss_mask)) {
+      return fmt::format(
+          "--val-loss-mask {}: no such file (expected one byte per token of "
+          "--val-tokens)",
+          o.val_loss_mask);
+    }
+  }
   if (!o.loss_mask.empty()) {
     if (o.data_tokens.empty()) return "--loss-mask needs --data-tokens (the tokens it masks)";
     if (!is_file(o.loss_mask)) {
@@ -149,6 +158,9 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "With --eval-only: write the logits of the first --count validation windows to "
                  "this safetensors file (tensor \"logits\", fp32)");
   app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  app.add_option("--val-loss-mask", o.val_loss_mask,
+                 "One byte per token of --val-tokens: the validation loss is the mean over the "
+                 "targets whose byte is 1 (scripts/tokenize_chat.py on held-out conversations)");
   app.add_option(
       "--loss-mask", o.loss_mask,
       "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "

@@ -13,12 +13,13 @@
 namespace llama {
 
 struct Options {
-  std::string hf_dir;       // config.json + safetensors: start from these weights
-  std::string config;       // a config.json alone: random weights from --seed
-  std::string preset;       // a published configuration by name: random weights, or a plan
-  std::string data_tokens;  // training tokens (uint16 or uint32, nanoGPT's raw format)
-  std::string val_tokens;   // validation tokens
-  std::string loss_mask;    // one byte per training token: 1 counts as a target
+  std::string hf_dir;         // config.json + safetensors: start from these weights
+  std::string config;         // a config.json alone: random weights from --seed
+  std::string preset;         // a published configuration by name: random weights, or a plan
+  std::string data_tokens;    // training tokens (uint16 or uint32, nanoGPT's raw format)
+  std::string val_tokens;     // validation tokens
+  std::string loss_mask;      // one byte per training token: 1 counts as a target
+  std::string val_loss_mask;  // the same for --val-tokens
   std::string tokens_dtype = "uint16";
   std::string export_hf;  // after training, a Hugging Face directory of the model
   std::string export_dtype = "fp32";

@@ -221,7 +221,9 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   if (!o.data_tokens.empty()) {
     train = std::make_unique<TokenData>(o.data_tokens, o, vocab, o.loss_mask);
   }
-  if (!o.val_tokens.empty()) val = std::make_unique<TokenData>(o.val_tokens, o, vocab);
+  if (!o.val_tokens.empty()) {
+    val = std::make_unique<TokenData>(o.val_tokens, o, vocab, o.val_loss_mask);
+  }
   if (!o.dump_logits.empty()) {
     dump_logits(o, b, *val, dist);
     return 0;

@@ -26,20 +26,23 @@ double validation_loss(const Windows& windows, const LogitsFn& logits, int64_t v
     // A rank out of windows still joins the forward's gathers, on a window it ignores.
     auto batch = n > 0 ? windows.windows(first + begin, n) : windows.windows(0, 1);
     auto out = logits(batch.tokens.to(device));
+    // Targets a loss mask leaves out are -100 (not counted, as transformers' labels).
+    const int64_t counted = (batch.targets != -100).sum().item<int64_t>();
     if (loss_fn) {
-      // Collective under tensor parallelism: every rank computes it, even on an ignored window.
+      // Collective under tensor parallelism: every rank computes it, even on an ignored window
+      // (a window with no counted target gives NaN, not used).
       auto mean = loss_fn(out, batch.targets.to(device));
-      if (n == 0) continue;
-      // Validation windows hold no ignored targets: the mean times the count is the sum.
-      sum += mean.item<double>() * static_cast<double>(batch.targets.numel());
+      if (n == 0 || counted == 0) continue;
+      // The mean over the counted targets times their count is their sum.
+      sum += mean.item<double>() * static_cast<double>(counted);
     } else {
-      if (n == 0) continue;
+      if (n == 0 || counted == 0) continue;
       auto loss = torch::nn::functional::cross_entropy(
           out.to(torch::kFloat).reshape({-1, vocab}), batch.targets.to(device).reshape(-1),
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
       sum += loss.item<double>();
     }
-    predictions += batch.targets.numel();
+    predictions += counted;
   }
   auto totals = torch::tensor({sum, static_cast<double>(predictions)},
                               torch::dtype(torch::kDouble).device(world.device()));

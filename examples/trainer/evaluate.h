@@ -1,5 +1,6 @@
-// Validation loss: the mean next-token cross-entropy over every prediction of every window,
-// the windows split over the ranks (contiguous shares). Collective.
+// Validation loss: the mean next-token cross-entropy over every counted prediction of every
+// window (targets of -100, left out by a loss mask, are not counted), the windows split over the
+// ranks (contiguous shares). Collective.
 #pragma once
 
 #include <functional>

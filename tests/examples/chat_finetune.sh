@@ -34,8 +34,13 @@ with open(f"{sys.argv[1]}/chats.jsonl", "w") as f:
         else:
             f.write(json.dumps({"prompt": f"Add {a} and {b}.", "completion": f"The sum is {a + b}."}) + "\n")
 PY
-"$py" "$root/scripts/tokenize_chat.py" "$tmp/chats.jsonl" --tokenizer "$tmp/model" \
+# The first 260 conversations train; the last 40 are held out as masked validation data.
+head -n 260 "$tmp/chats.jsonl" > "$tmp/train.jsonl"
+tail -n 40 "$tmp/chats.jsonl" > "$tmp/held_out.jsonl"
+"$py" "$root/scripts/tokenize_chat.py" "$tmp/train.jsonl" --tokenizer "$tmp/model" \
   --out-dir "$tmp/data" || exit 1
+"$py" "$root/scripts/tokenize_chat.py" "$tmp/held_out.jsonl" --tokenizer "$tmp/model" \
+  --out-dir "$tmp/val" > /dev/null || exit 1
 # The mask counts the assistant turns' text and end-of-turn tokens, and nothing of the prompts.
 "$py" - "$tmp" <<'PY' || fail=1
 import sys, numpy as np, transformers
@@ -46,8 +51,8 @@ counted = t.decode(ids[mask == 1])
 first = t.decode(ids[:200][mask[:200] == 1])
 assert first.startswith("The sum is "), first
 assert "What is" not in counted and "You add numbers" not in counted and "Add " not in counted, counted[:300]
-# 150 prompt/completion pairs (one assistant turn) and 150 conversations of two.
-assert counted.count("<|eot_id|>") == 150 + 2 * 150, counted.count("<|eot_id|>")
+# 130 prompt/completion pairs (one assistant turn) and 130 conversations of two.
+assert counted.count("<|eot_id|>") == 130 + 2 * 130, counted.count("<|eot_id|>")
 print(f"mask: {int(mask.sum())} of {len(ids)} tokens counted, the assistant turns only")
 PY
 
@@ -60,7 +65,17 @@ common=(--hf-dir "$tmp/base" --data-tokens "$tmp/data/train.bin" --loss-mask "$t
 "$py" "$ref/hf_llama.py" train "${common[@]}" --world 2 --mode fsdp2 --metrics-out "$tmp/ref.jsonl" \
   --port $((20000 + $$ % 20000)) > "$tmp/ref.log" 2>&1 || { cat "$tmp/ref.log"; exit 1; }
 "${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw \
-  --metrics-out "$tmp/cpp.jsonl" > "$tmp/cpp.log" 2>&1 || { cat "$tmp/cpp.log"; exit 1; }
+  --val-tokens "$tmp/val/train.bin" --val-loss-mask "$tmp/val/train.mask" \
+  --export-hf "$tmp/tuned" --metrics-out "$tmp/cpp.jsonl" > "$tmp/cpp.log" 2>&1 \
+  || { cat "$tmp/cpp.log"; exit 1; }
+# The masked validation loss (assistant turns of held-out conversations) is transformers' on the
+# export with labels -100 elsewhere.
+val=$("$py" -c "import json,sys; print([json.loads(l)['val_loss'] for l in open(sys.argv[1]) if 'val_loss' in l][-1])" "$tmp/cpp.jsonl")
+ref_val=$("$py" "$ref/hf_llama.py" val-loss --hf-dir "$tmp/tuned" --tokens "$tmp/val/train.bin" \
+  --loss-mask "$tmp/val/train.mask" --seq 64 --json 2>/dev/null | "$py" -c "import json,sys; print(json.loads(sys.stdin.read())['val_loss'])")
+"$py" -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" \
+  "$val" "$ref_val" && echo "masked validation loss $val, transformers $ref_val" \
+  || { echo "FAILED: masked validation loss $val, transformers on the export $ref_val"; fail=1; }
 grep -E "^data:" "$tmp/cpp.log"
 # Gradient accumulation splits each rank's batch in two; the objective stays the mean over the
 # rank's counted targets (not a mean of the halves' means): the same losses within rounding.

@@ -213,18 +213,23 @@ def framework(name, hf_dir):
     return cfg, lambda inputs: mlx_logits(model, inputs)
 
 
-def val_loss(logits_fn, tokens, seq, batch):
-    """(mean cross entropy over every prediction of every window, number of windows)."""
+def val_loss(logits_fn, tokens, seq, batch, mask=None):
+    """(mean cross entropy over every prediction of every window, number of windows); with a
+    loss mask (one byte per token) over the targets whose byte is 1 (the others -100)."""
     n = val_window_count(len(tokens), seq)
     if n < 1:
         raise Fail(f"{len(tokens)} validation tokens hold no window of seq={seq} (+1) tokens")
     total, count = 0.0, 0
     for first in range(0, n, batch):
         inputs, targets = val_windows(tokens, seq, first, min(batch, n - first))
+        if mask is not None:
+            m = np.stack([mask[i * seq + 1:i * seq + seq + 1]
+                          for i in range(first, first + len(targets))])
+            targets[torch.from_numpy(m) == 0] = -100
         logits = logits_fn(inputs)
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                  reduction="sum").double().item()
-        count += targets.numel()
+        count += int((targets != -100).sum())
     return total / count, n
 
 
@@ -640,8 +645,11 @@ def cmd_val_loss(a):
     cfg, logits_fn = framework(a.framework, a.hf_dir)
     tokens = read_tokens(a.tokens, a.tokens_dtype)
     check_vocab(tokens, cfg["vocab_size"], a.tokens)
+    mask = np.fromfile(a.loss_mask, dtype=np.uint8) if a.loss_mask else None
+    if mask is not None and len(mask) != len(tokens):
+        raise Fail(f"--loss-mask {a.loss_mask}: {len(mask)} bytes for {len(tokens)} tokens")
     t0 = time.perf_counter()
-    loss, windows = val_loss(logits_fn, tokens, a.seq, a.batch)
+    loss, windows = val_loss(logits_fn, tokens, a.seq, a.batch, mask)
     took = time.perf_counter() - t0
     if a.json:
         print(json.dumps({"framework": a.framework, "val_loss": loss, "windows": windows,
@@ -704,6 +712,8 @@ def parser():
     v.add_argument("--framework", choices=["transformers", "mlx"], default="transformers")
     v.add_argument("--hf-dir", required=True)
     v.add_argument("--tokens", required=True)
+    v.add_argument("--loss-mask", default="",
+                   help="one byte per token: the mean over targets whose byte is 1")
     add_tokens_dtype(v)
     v.add_argument("--seq", type=int, required=True)
     v.add_argument("--batch", type=int, default=8, help="windows per forward")
