@@ -63,7 +63,7 @@ common=(--hf-dir "$tmp/base" --data-tokens "$tmp/data/train.bin" --loss-mask "$t
         --seq 64 --batch 8 --steps 10 --lr 3e-3 --warmup 2 --lr-schedule cosine --weight-decay 0.1
         --seed 5)
 "$py" "$ref/hf_llama.py" train "${common[@]}" --world 2 --mode fsdp2 --metrics-out "$tmp/ref.jsonl" \
-  --port $((20000 + $$ % 20000)) > "$tmp/ref.log" 2>&1 || { cat "$tmp/ref.log"; exit 1; }
+  > "$tmp/ref.log" 2>&1 || { cat "$tmp/ref.log"; exit 1; }
 "${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw \
   --val-tokens "$tmp/val/train.bin" --val-loss-mask "$tmp/val/train.mask" \
   --export-hf "$tmp/tuned" --metrics-out "$tmp/cpp.jsonl" > "$tmp/cpp.log" 2>&1 \

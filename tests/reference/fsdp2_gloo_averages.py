@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench", "reference"))
 from py_minillm import MiniLLM, synthetic_batch  # noqa: E402
+from run_checked import free_port  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, SEQ, PER_RANK = 512, 64, 2, 4, 16, 2
 
@@ -55,7 +56,7 @@ def run(rank, world, port, result):
 
 if __name__ == "__main__":
     world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    port = 20000 + os.getpid() % 20000
+    port = free_port()
     result = mp.get_context("spawn").SimpleQueue()
     try:
         mp.spawn(run, args=(world, port, result), nprocs=world)

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 REFERENCE = os.path.join(ROOT, "bench", "reference", "py_minillm.py")
 sys.path.insert(0, os.path.dirname(REFERENCE))
 from py_minillm import MiniLLM  # noqa: E402
-from run_checked import run  # noqa: E402
+from run_checked import free_port, run  # noqa: E402
 
 # vocab 510 does not divide by 4: the embedding and head shards are uneven at world 4.
 SIZES = dict(vocab=510, dim=64, layers=2, heads=4, seq=32)
@@ -60,7 +60,7 @@ def main():
                                  "--optimizer=fused-adamw"]
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
-                  f"--port={20000 + os.getpid() % 20000}", f"--replicas={a.replicas}"] + common,
+                  f"--port={free_port()}", f"--replicas={a.replicas}"] + common,
                  env, "RESULT ")
         py_losses = [float(line.split()[3]) for line in py.splitlines() if line.startswith("step ")]
 

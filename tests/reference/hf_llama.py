@@ -45,6 +45,9 @@ the top level of config.json (mlx_lm's llama reads only the latter).
 import argparse, contextlib, json, math, os, shutil, sys, time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_checked import free_port  # noqa: E402
 import torch
 import torch.nn.functional as F
 
@@ -534,7 +537,7 @@ def cmd_train(a):
     if a.tp > 1 and a.mode != "fsdp2":
         raise Fail("--tp needs --mode fsdp2 (PyTorch's tensor parallelism under fully_shard)")
     if a.port is None:
-        a.port = 20000 + os.getpid() % 20000
+        a.port = free_port()
     if "RANK" in os.environ:  # under torchrun or scripts/launch.sh
         train_worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a, None)
     elif a.world == 1:
@@ -594,7 +597,7 @@ def cmd_fsdp2_grads(a):
     read_tokens(a.data_tokens, a.tokens_dtype)
     if a.world < 2 or a.batch % a.world:
         raise Fail(f"--world must be >= 2 and divide --batch {a.batch}")
-    a.port = a.port or 20000 + os.getpid() % 20000
+    a.port = a.port or free_port()
     import torch.multiprocessing as mp
     result = mp.get_context("spawn").SimpleQueue()
     try:
@@ -745,7 +748,7 @@ def parser():
                    "(0: only after the last step; needs --val-tokens)")
     t.add_argument("--eval-batch", type=int, default=8)
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    t.add_argument("--port", type=int, help="gloo rendezvous port (default from the pid)")
+    t.add_argument("--port", type=int, help="gloo rendezvous port (default: a free one)")
     t.add_argument("--tp", type=int, default=1,
                    help="tensor parallelism (fsdp2 only): PyTorch's parallelize_module on a "
                         "(world / tp, tp) mesh, loss_parallel")

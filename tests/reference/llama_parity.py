@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 HF_LLAMA = os.path.join(HERE, "hf_llama.py")
 sys.path.insert(0, HERE)
 import hf_llama  # noqa: E402
-from run_checked import run  # noqa: E402
+from run_checked import free_port, run  # noqa: E402
 
 # GQA (4 query heads over 2 KV heads); vocab 1001 makes uneven shards at every world size.
 SIZES = dict(vocab=1001, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160)
@@ -106,7 +106,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     ref_mode = a.ref_mode or ("local" if a.ref_world == 1 else "fsdp2")
     ref_common = [c for c in common if not c.startswith("--tp=")] + [f"--tp={a.ref_tp}"]
     run([sys.executable, HF_LLAMA, "train", *ref_common, f"--world={a.ref_world}", f"--mode={ref_mode}",
-         f"--metrics-out={ref_metrics}", f"--port={20000 + os.getpid() % 20000}"], env, "RESULT ")
+         f"--metrics-out={ref_metrics}", f"--port={free_port()}"], env, "RESULT ")
     ref_name = f"transformers {ref_mode} x{a.ref_world}" + (f" tp {a.ref_tp}" if a.ref_tp > 1 else "")
 
     other_metrics = os.path.join(tmp, "other.jsonl")
@@ -114,7 +114,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
         other_name = f"standin {a.standin_mode} x{a.world}"
         run([sys.executable, HF_LLAMA, "train", *common, f"--world={a.world}",
              f"--mode={a.standin_mode}", f"--metrics-out={other_metrics}",
-             f"--port={20000 + (os.getpid() + 7919) % 20000}"], env, "RESULT ")
+             f"--port={free_port()}"], env, "RESULT ")
     else:
         other_name = (f"fsdp-cpp x{a.world}" + (f" tp {a.tp}" if a.tp > 1 else "")
                       + (" sp" if a.sp else ""))

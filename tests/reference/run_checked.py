@@ -1,6 +1,15 @@
 """run(cmd, env, finished_marker): a reference program's stdout, or exit naming the command and
-its output. Shared by the parity scripts beside this file."""
-import subprocess, sys
+its output; free_port(): a port for a gloo rendezvous. Shared by the parity scripts beside this
+file."""
+import socket, subprocess, sys
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now, chosen by the kernel. (Ports derived from the pid fell in
+    the ephemeral range and collided with other tests' connections under ctest -j.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(cmd, env, finished_marker=None):
