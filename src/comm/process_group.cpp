@@ -45,13 +45,7 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 // The result of a collective a one-rank group did itself: nothing left to wait for (on CUDA
 // the copy is queued on the caller's stream, which is what wait() orders after).
-class CompletedWork final : public Work {
- public:
-  bool is_completed() override { return true; }
-  void wait() override {}
-};
-
-WorkPtr completed() { return std::make_shared<CompletedWork>(); }
+WorkPtr completed() { return completed_work(); }
 
 bool desync_env() {
   const char* v = std::getenv("FSDP_DEBUG_DESYNC");

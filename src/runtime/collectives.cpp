@@ -5,16 +5,8 @@
 namespace fsdp::detail {
 namespace {
 
-// What a hook that finished its collective before returning (null) is waited on as.
-class FinishedWork final : public Work {
- public:
-  bool is_completed() override { return true; }
-  void wait() override {}
-};
-
-WorkPtr or_finished(WorkPtr work) {
-  return work ? std::move(work) : std::make_shared<FinishedWork>();
-}
+// A hook that finished its collective before returning gives null: waited on as completed.
+WorkPtr or_finished(WorkPtr work) { return work ? std::move(work) : completed_work(); }
 
 }  // namespace
 

@@ -26,4 +26,8 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+// A Work that finished when it was made: what a synchronous operation, an empty one, or a comm
+// hook that completed its collective before returning is waited on as (both calls return at once).
+WorkPtr completed_work();
+
 }  // namespace fsdp

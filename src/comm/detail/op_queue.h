@@ -45,13 +45,6 @@ class AsyncWork : public Work {
   std::chrono::steady_clock::time_point submitted_ = std::chrono::steady_clock::now();
 };
 
-// A Work that finished when it was created (synchronous backends, empty operations).
-class CompletedWork : public Work {
- public:
-  bool is_completed() override { return true; }
-  void wait() override {}
-};
-
 class OpQueue {
  public:
   explicit OpQueue(QueueDeadline deadline = {});

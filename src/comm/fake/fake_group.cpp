@@ -45,7 +45,7 @@ class FakeProcessGroup final : public ProcessGroup {
   }
 
  private:
-  static WorkPtr done() { return std::make_shared<detail::CompletedWork>(); }
+  static WorkPtr done() { return completed_work(); }
   at::Device device_;
 };
 
