@@ -35,9 +35,10 @@ python_packages=(
   "transformers==5.24.0"  # LlamaForCausalLM, the reference model and trainer (FSDP2 on gloo)
   "tokenizers==0.23.3" "sentencepiece==0.2.3"  # scripts/tokenize_text.py
   "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"            # MLX loads the exported directories
+  "peft==0.21.2"        # LoRA: the reference adapters (tests/reference/llama_parity.py --lora)
 )
 # Their dist-info names, to tell a complete venv by a directory listing.
-python_dists=(safetensors numpy matplotlib transformers tokenizers sentencepiece mlx mlx_lm)
+python_dists=(safetensors numpy matplotlib transformers tokenizers sentencepiece mlx mlx_lm peft)
 
 missing=()
 for p in "${packages[@]}"; do

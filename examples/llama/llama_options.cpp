@@ -6,8 +6,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <set>
 
 #include "fsdp/models/llama.h"
+#include "fsdp/models/llama_lora.h"
 
 namespace llama {
 namespace {
@@ -95,6 +97,23 @@ std::string check(const Options& o) {
     if (!exists(t)) return fmt::format("--tokenizer {}: no such file or directory", t);
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
+  if (!o.export_adapter.empty()) {
+    if (!o.lora.enabled()) return "--export-adapter needs LoRA adapters (--lora-rank R)";
+    if (exists(o.export_adapter)) {
+      return fmt::format("--export-adapter {}: exists already; give a new directory",
+                         o.export_adapter);
+    }
+  }
+  if (o.lora.enabled()) {
+    try {
+      fsdp::models::llama::validate_lora(model_config(o), o.lora, o.train.tp);
+    } catch (const std::exception& e) {
+      return fmt::format("--lora-rank {} --lora-targets {}: {}", o.lora.rank,
+                         fmt::join(o.lora.targets, ","), e.what());
+    }
+  } else if (o.lora.rank < 0) {
+    return fmt::format("--lora-rank must be >= 0 (0: full fine-tuning), got {}", o.lora.rank);
+  }
   if (o.train.tp > 1) {
     // The heads must split evenly: refused here, before any rank starts communicating.
     try {
@@ -187,6 +206,29 @@ ParseResult parse_options(int argc, char** argv, int world) {
                "one, as transformers' generate: generation_config.json's, else config.json's)");
   app.add_flag("--no-cache", o.no_cache,
                "--generate-ids without the cache: the whole sequence in every forward");
+  app.add_option("--lora-rank", o.lora.rank,
+                 "LoRA: train low-rank adapters of this rank on --lora-targets, every other "
+                 "parameter frozen (PEFT's LoraConfig r; 0: full fine-tuning)")
+      ->capture_default_str();
+  auto* alpha = app.add_option("--lora-alpha", o.lora.alpha,
+                               "LoRA: the adapters' update is scaled by alpha / rank")
+                    ->capture_default_str();
+  auto* dropout = app.add_option("--lora-dropout", o.lora.dropout,
+                                 "LoRA: dropout on the adapters' input while training")
+                      ->capture_default_str();
+  auto* targets = app.add_option("--lora-targets", o.lora.targets,
+                                 fmt::format("LoRA: the Linears of every layer to adapt, "
+                                             "comma-separated, some of {}",
+                                             fmt::join(fsdp::models::lora_target_names(), ",")))
+                      ->delimiter(',')
+                      ->capture_default_str();
+  app.add_option("--lora-adapter", o.lora_adapter,
+                 "LoRA: start from the adapters of this PEFT adapter directory (its rank, alpha, "
+                 "dropout and targets, unless given)");
+  app.add_option("--export-adapter", o.export_adapter,
+                 "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
+                 "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
+                 "then writes the model with the adapters merged");
   app.add_option("--tp", t.tp,
                  "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
@@ -206,6 +248,29 @@ ParseResult parse_options(int argc, char** argv, int world) {
   trainer::add_train_flags(app, t, defaults, profile_steps);
   if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message};
+  }
+  if (!o.lora_adapter.empty()) {
+    // The adapters' shapes and scaling come from their directory; a flag given too must agree.
+    try {
+      const auto found = fsdp::models::llama::read_peft_adapter_config(o.lora_adapter);
+      auto given = app.get_option("--lora-rank")->count() > 0;
+      if ((given && o.lora.rank != found.rank) ||
+          (alpha->count() > 0 && o.lora.alpha != found.alpha) ||
+          (targets->count() > 0 &&
+           std::set<std::string>(o.lora.targets.begin(), o.lora.targets.end()) !=
+               std::set<std::string>(found.targets.begin(), found.targets.end()))) {
+        return {std::nullopt, 2,
+                fmt::format("error: --lora-adapter {} holds rank {} alpha {:g} on {}; the flags "
+                            "say rank {} alpha {:g} on {} (drop them, or give the same)",
+                            o.lora_adapter, found.rank, found.alpha, fmt::join(found.targets, ","),
+                            o.lora.rank, o.lora.alpha, fmt::join(o.lora.targets, ","))};
+      }
+      const double keep_dropout = o.lora.dropout;
+      o.lora = found;
+      if (dropout->count() > 0) o.lora.dropout = keep_dropout;
+    } catch (const std::exception& e) {
+      return {std::nullopt, 2, fmt::format("error: --lora-adapter: {}", e.what())};
+    }
   }
   if (t.plan && t.plan_world < 0) {
     return {std::nullopt, 2,

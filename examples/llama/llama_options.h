@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fsdp/models/llama_config.h"
+#include "fsdp/models/lora_options.h"
 #include "train_options.h"
 
 namespace llama {
@@ -35,6 +36,10 @@ struct Options {
   double top_p = 1.0;
   bool no_cache = false;
   bool ignore_eos = false;
+  // LoRA: adapters on these Linears, every other parameter frozen (fsdp/models/llama_lora.h).
+  fsdp::models::LoraOptions lora;  // rank 0: full fine-tuning
+  std::string lora_adapter;        // a PEFT adapter directory: the adapters to start from
+  std::string export_adapter;      // after training, PEFT's adapter directory of the adapters
   trainer::TrainOptions train;
 };
 

@@ -17,6 +17,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/llama_generate.h"
+#include "fsdp/models/llama_lora.h"
 #include "fsdp/models/llama_plan.h"
 #include "llama_options.h"
 #include "loop.h"
@@ -94,8 +95,11 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     trainer::move_unsharded(*model, dist.device);
     b.root = fsdp::fully_shard(model, mesh, unit_options(o, /*layer=*/false));
   };
+  // LoRA's adapters are drawn as they are built, from a Hugging Face directory too.
+  torch::manual_seed(o.train.seed);
   if (!o.hf_dir.empty()) {
     ll::HfLoadOptions load;
+    load.lora = o.lora;
     load.tp = mesh.tp;
     load.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) load.on_layer_built = shard_layer;
@@ -105,14 +109,15 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     b.model = hf.model;
   } else {
     b.config = llama::model_config(o);
-    torch::manual_seed(o.train.seed);
     ll::BuildOptions options;
+    options.lora = o.lora;
     options.tp = mesh.tp;
     options.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) options.on_layer_built = shard_layer;
     b.model = ll::build_llama(b.config, options);
     shard_root(b.model);
   }
+  if (!o.lora_adapter.empty()) ll::load_peft_adapter(o.lora_adapter, *b.model, o.lora, dist.group);
   return b;
 }
 
@@ -126,6 +131,17 @@ std::string rope_summary(const ll::Config& c) {
                        r.original_max_position_embeddings);
   }
   return "";
+}
+
+// What LoRA trains, for the run's header.
+std::string lora_summary(const Options& o, const ll::Config& config) {
+  if (!o.lora.enabled()) return "";
+  const int64_t trainable = ll::lora_parameter_count(config, o.lora);
+  return fmt::format(
+      "; LoRA rank {} alpha {:g} dropout {:g} on {}: {} trainable parameters ({:.3f}% of {}){}",
+      o.lora.rank, o.lora.alpha, o.lora.dropout, fmt::join(o.lora.targets, ","), trainable,
+      100.0 * static_cast<double>(trainable) / static_cast<double>(ll::parameter_count(config)),
+      ll::parameter_count(config), o.lora_adapter.empty() ? "" : ", from " + o.lora_adapter);
 }
 
 trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {
@@ -249,9 +265,16 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
       fmt::format("vocab {} hidden {} layers {} heads {} kv heads {} intermediate {}{}{}", vocab,
                   b.config.hidden_size, b.config.num_hidden_layers, b.config.num_attention_heads,
                   b.config.num_key_value_heads, b.config.intermediate_size,
-                  b.config.tie_word_embeddings ? " tied" : "", rope_summary(b.config)),
+                  b.config.tie_word_embeddings ? " tied" : "", rope_summary(b.config)) +
+          lora_summary(o, b.config),
       ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
   task.finish = [&] {
+    if (!o.export_adapter.empty()) {
+      ll::PeftSaveOptions adapter;
+      adapter.base_model = o.hf_dir;
+      ll::save_peft_adapter(o.export_adapter, *b.model, o.lora, dist.group, adapter);
+      if (dist.group->rank() == 0) fmt::print("exported the adapters to {}\n", o.export_adapter);
+    }
     if (o.export_hf.empty()) return;
     ll::HfSaveOptions save;
     save.dtype = o.export_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;

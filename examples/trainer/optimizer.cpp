@@ -10,10 +10,12 @@ namespace trainer {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
                                                         const torch::nn::Module& module) {
   // Parameters in named_parameters() order, each tensor once; the shards' dimensions are the
-  // full parameters' (dim 0 is split, not removed).
+  // full parameters' (dim 0 is split, not removed). Frozen parameters (LoRA's base weights)
+  // get no state.
   std::vector<torch::Tensor> decay, no_decay;
   std::unordered_set<const void*> seen;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (!p.value().requires_grad()) continue;
     if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
     (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
   }

@@ -79,6 +79,7 @@ Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& mode
   }
   std::vector<std::string> missing, unexpected;
   for (const auto& [name, s] : state) {
+    if (options.keep && !options.keep(name)) continue;
     auto it = tensors.find(name);
     const auto expected = file_shape(name, s, options);
     if (it == tensors.end()) {

@@ -69,6 +69,7 @@ void for_each_full_tensor(const torch::nn::Module& model, const ProcessGroupPtr&
   FSDP_CHECK_ARG(world != nullptr, "for_each_full_tensor: the process group is null");
   const bool receives = !options.rank0_only || world->rank() == 0;
   for (const auto& [name, s] : get_model_state_dict(model)) {
+    if (options.filter && !options.filter(name)) continue;
     // Every rank joins every gather (in the same order), whether it keeps the result or not.
     // A tensor of the visitor's own: a replicated one is the live parameter or buffer, copied
     // (such tensors are the small ones: norms and biases outside units, buffers).

@@ -18,22 +18,7 @@ fail=0
 
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/model" --vocab-size 600 \
   /usr/share/common-licenses/GPL-3 > "$tmp/tok.log" 2>&1 || { cat "$tmp/tok.log"; exit 1; }
-"$py" - "$tmp" <<'PY'
-import json, random, sys
-random.seed(1)
-with open(f"{sys.argv[1]}/chats.jsonl", "w") as f:
-    for i in range(300):
-        a, b = random.randint(1, 50), random.randint(1, 50)
-        if i % 2:
-            f.write(json.dumps({"messages": [
-                {"role": "system", "content": "You add numbers."},
-                {"role": "user", "content": f"What is {a} plus {b}?"},
-                {"role": "assistant", "content": f"{a} plus {b} is {a + b}."},
-                {"role": "user", "content": "And doubled?"},
-                {"role": "assistant", "content": f"Doubled it is {2 * (a + b)}."}]}) + "\n")
-        else:
-            f.write(json.dumps({"prompt": f"Add {a} and {b}.", "completion": f"The sum is {a + b}."}) + "\n")
-PY
+"$py" "$ref/make_chats.py" "$tmp/chats.jsonl" --count 300 --seed 1 || exit 1
 # The first 260 conversations train; the last 40 are held out as masked validation data.
 head -n 260 "$tmp/chats.jsonl" > "$tmp/train.jsonl"
 tail -n 40 "$tmp/chats.jsonl" > "$tmp/held_out.jsonl"

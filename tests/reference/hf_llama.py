@@ -202,11 +202,25 @@ def mlx_logits(model, inputs):
     return torch.from_numpy(np.array(out.astype(mx.float32)))
 
 
-def framework(name, hf_dir):
-    """(config, logits function inputs[int64 B, L] -> fp32 torch [B, L, V])."""
+def load_peft(model, adapter_dir, trainable=False):
+    """transformers' model with PEFT's adapters from `adapter_dir` (PeftModel.from_pretrained)."""
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise Fail(f"PEFT is not installed ({e}): pip install peft")
+    return PeftModel.from_pretrained(model, adapter_dir, is_trainable=trainable)
+
+
+def framework(name, hf_dir, adapter=None):
+    """(config, logits function inputs[int64 B, L] -> fp32 torch [B, L, V]); with `adapter`,
+    PEFT's adapters on the transformers model."""
     cfg = hf_config(hf_dir)
+    if adapter and name != "transformers":
+        raise Fail("--lora-adapter needs --framework transformers (PEFT)")
     if name == "transformers":
         model = load_transformers(hf_dir)
+        if adapter:
+            model = load_peft(model, adapter).eval()
 
         def run(inputs):
             with torch.no_grad():
@@ -234,6 +248,27 @@ def val_loss(logits_fn, tokens, seq, batch, mask=None):
                                  reduction="sum").double().item()
         count += int((targets != -100).sum())
     return total / count, n
+
+
+# ---------------------------------------------------------------- make-lora
+
+def cmd_make_lora(a):
+    """PEFT's LoRA adapters for the model in --hf-dir, as PEFT initialises them (A from
+    nn.Linear's kaiming-uniform init under torch.manual_seed(--seed), B zero), saved with
+    save_pretrained: the same start for both trainers."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise Fail(f"PEFT is not installed ({e}): pip install peft")
+    torch.manual_seed(a.seed)
+    model = load_transformers(a.hf_dir)
+    config = LoraConfig(r=a.rank, lora_alpha=a.alpha, lora_dropout=a.dropout,
+                        target_modules=a.targets.split(","), task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    peft_model.save_pretrained(a.out)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    print(f"wrote {a.out}: LoRA rank {a.rank} alpha {a.alpha:g} on {a.targets}, "
+          f"{trainable} trainable parameters")
 
 
 # ---------------------------------------------------------------- make-tiny
@@ -392,6 +427,10 @@ def train_worker(rank, world, a, done):
     val_tokens = read_tokens(a.val_tokens, a.tokens_dtype) if a.val_tokens else None
     model = load_transformers(a.hf_dir).train()
     vocab = model.config.vocab_size
+    layers = model.model.layers
+    if a.lora_adapter:
+        # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
+        model = load_peft(model, a.lora_adapter, trainable=True).train()
     check_vocab(tokens, vocab, a.data_tokens)
     if val_tokens is not None:
         check_vocab(val_tokens, vocab, a.val_tokens)
@@ -409,13 +448,14 @@ def train_worker(rank, world, a, done):
             loss_context = loss_parallel
         else:
             mesh = init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
+        for layer in layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         named = list(model.named_parameters())  # the same names, now DTensor shards
     elif a.mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
         named = list(model.module.named_parameters())
+    named = [(n, p) for n, p in named if p.requires_grad]  # LoRA: the adapters only
     opt = torch.optim.AdamW(param_groups(named, a.weight_decay), lr=a.lr, betas=(0.9, 0.95),
                             eps=1e-8, fused=True)
     per_rank = a.batch // dp_world
@@ -534,6 +574,8 @@ def cmd_train(a):
                    f"(world / tp) the global --batch {a.batch}")
     if a.tp > 1 and (a.val_tokens or a.save_final):
         raise Fail("--tp trains only here: no --val-tokens or --save-final")
+    if a.lora_adapter and (a.tp > 1 or a.save_final):
+        raise Fail("--lora-adapter trains without --tp and --save-final")
     if a.tp > 1 and a.mode != "fsdp2":
         raise Fail("--tp needs --mode fsdp2 (PyTorch's tensor parallelism under fully_shard)")
     if a.port is None:
@@ -645,7 +687,7 @@ def cmd_logits(a):
 
 
 def cmd_val_loss(a):
-    cfg, logits_fn = framework(a.framework, a.hf_dir)
+    cfg, logits_fn = framework(a.framework, a.hf_dir, a.lora_adapter)
     tokens = read_tokens(a.tokens, a.tokens_dtype)
     check_vocab(tokens, cfg["vocab_size"], a.tokens)
     mask = np.fromfile(a.loss_mask, dtype=np.uint8) if a.loss_mask else None
@@ -669,6 +711,16 @@ def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+
+    lo = sub.add_parser("make-lora", help="write PEFT LoRA adapters for a model (save_pretrained)")
+    lo.add_argument("--hf-dir", required=True)
+    lo.add_argument("--out", required=True)
+    lo.add_argument("--rank", type=int, default=8)
+    lo.add_argument("--alpha", type=float, default=16)
+    lo.add_argument("--dropout", type=float, default=0.0)
+    lo.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    lo.add_argument("--seed", type=int, default=0)
+    lo.set_defaults(func=cmd_make_lora)
 
     m = sub.add_parser("make-tiny", help="write a random LlamaForCausalLM (save_pretrained)")
     m.add_argument("--out", required=True)
@@ -721,6 +773,7 @@ def parser():
     v.add_argument("--seq", type=int, required=True)
     v.add_argument("--batch", type=int, default=8, help="windows per forward")
     v.add_argument("--json", action="store_true")
+    v.add_argument("--lora-adapter", help="PEFT adapter directory loaded onto the model")
     v.set_defaults(func=cmd_val_loss)
 
     t = sub.add_parser("train", help="the reference training run")
@@ -749,6 +802,8 @@ def parser():
     t.add_argument("--eval-batch", type=int, default=8)
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     t.add_argument("--port", type=int, help="gloo rendezvous port (default: a free one)")
+    t.add_argument("--lora-adapter", help="PEFT adapter directory (make-lora): train its "
+                   "adapters on the frozen model")
     t.add_argument("--tp", type=int, default=1,
                    help="tensor parallelism (fsdp2 only): PyTorch's parallelize_module on a "
                         "(world / tp, tp) mesh, loss_parallel")

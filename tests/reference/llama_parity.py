@@ -7,6 +7,7 @@ must move. --check logits instead compares the logits of the first validation wi
   python llama_parity.py --cpp build/bin/train_llama --world 2 [--tied] \
       [--launcher mpi|gloo|none] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
   python llama_parity.py --cpp build/bin/train_llama --world 4 --tp 2 [--kv-heads 4]
+  python llama_parity.py --cpp build/bin/train_llama --world 2 --lora [--lora-rank 4]
   python llama_parity.py --cpp build/bin/train_llama --check logits [--count 4]
   python llama_parity.py --cpp-standin --world 2       self-test: no C++ binary (see below)
 
@@ -14,6 +15,8 @@ The reference is hf_llama.py train: FSDP2 (fully_shard on every decoder layer, t
 gloo at --world ranks, one plain process at world 1 (--ref-world / --ref-mode choose otherwise);
 with --tp T, PyTorch's own tensor parallelism (parallelize_module with TorchTitan's Llama plan,
 loss_parallel) under fully_shard on init_device_mesh("cpu", (world / T, T)), and train_llama --tp T.
+With --lora, PEFT's LoraConfig adapters (written by hf_llama.py make-lora: A drawn by PEFT, B
+zero) on the frozen model on both sides: PeftModel under FSDP2 against train_llama --lora-adapter.
 The C++ side runs as
   train_llama --hf-dir --data-tokens --seq --batch --steps --lr --warmup --lr-schedule
               --weight-decay --seed --threads=1 --optimizer=fused-adamw --metrics-out
@@ -98,6 +101,13 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     common = [f"--hf-dir={hf_dir}", f"--data-tokens={train}", f"--seq={SEQ}", f"--tp={a.tp}",
               f"--batch={a.batch}", f"--steps={a.steps}", f"--lr={a.lr}", f"--warmup={a.warmup}",
               f"--lr-schedule={a.lr_schedule}", f"--weight-decay={a.weight_decay}", f"--seed={a.seed}"]
+    if a.lora:
+        # PEFT's adapters as PEFT initialises them, the start of both runs (B zero: the first
+        # steps move B only).
+        adapter = os.path.join(tmp, "adapter")
+        run([sys.executable, HF_LLAMA, "make-lora", f"--hf-dir={hf_dir}", f"--out={adapter}",
+             f"--rank={a.lora_rank}", "--alpha=8", f"--targets={a.lora_targets}", "--seed=5"], env)
+        common.append(f"--lora-adapter={adapter}")
     if a.loss_mask:
         mask = os.path.join(tmp, "train.mask")
         write_mask(mask, 20000, seed=3)
@@ -124,7 +134,8 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     if len(want) != a.steps or len(got) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(want)} ({ref_name}), {len(got)} ({other_name})")
 
-    print(f"{'tied' if a.tied else 'untied'} head{', loss mask' if a.loss_mask else ''}, "
+    print(f"{'tied' if a.tied else 'untied'} head{', loss mask' if a.loss_mask else ''}"
+          f"{f', LoRA rank {a.lora_rank} on {a.lora_targets}' if a.lora else ''}, "
           f"{ref_name} against {other_name}")
     print(f"{'step':>4} {'lr':>12} {ref_name:>24} {other_name:>24} {'rel err':>10}")
     worst, lr_bad = 0.0, []
@@ -208,6 +219,11 @@ def main():
     p.add_argument("--loss-mask", action="store_true",
                    help="train on a chat-like loss mask (--loss-mask on both sides: targets "
                         "outside the counted spans are -100)")
+    p.add_argument("--lora", action="store_true",
+                   help="LoRA: PEFT's adapters (hf_llama.py make-lora) trained on the frozen "
+                        "model on both sides (--lora-adapter)")
+    p.add_argument("--lora-rank", type=int, default=4)
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--kv-heads", type=int, default=SIZES["kv_heads"],
                    help="key/value heads of the tiny model (4 for --tp 4)")
     p.add_argument("--steps", type=int, default=10)
@@ -232,6 +248,8 @@ def main():
     a = p.parse_args()
     if a.ref_tp is None:
         a.ref_tp = a.tp
+    if a.lora and (a.tp > 1 or a.check != "losses"):
+        p.error("--lora compares losses without --tp")
     if a.sp and (a.tp < 2 or a.cpp_standin):
         p.error("--sp needs --tp of at least 2 and the C++ program")
     for world, tp, flag in [(a.world, a.tp, "--tp"), (a.ref_world or a.world, a.ref_tp, "--ref-tp")]:

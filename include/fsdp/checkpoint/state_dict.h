@@ -51,6 +51,9 @@ struct FullStateDictOptions {
   std::optional<at::ScalarType> dtype;
   // Tensor parallelism: slices are gathered over the TP group into the full tensors too.
   tp::Layout tp;
+  // The tensors to gather, by state dict name (null: all); the same on every rank. LoRA's
+  // adapters alone, without gathering the frozen weights.
+  std::function<bool(const std::string&)> filter;
 };
 
 // Collective over `world` (every rank of the model's groups calls it in the same order):

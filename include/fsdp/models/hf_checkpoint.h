@@ -39,9 +39,9 @@ namespace fsdp::models::llama {
 // neither, or the index is malformed. Local.
 std::vector<std::string> hf_weight_files(const std::string& dir);
 
-// Collective. Sets every parameter of `model` (sharded by fully_shard or not) from the
-// directory's safetensors files, each rank reading only its own rows of each tensor; F32, BF16
-// and F16 tensors are converted to the parameters' dtype. Names are the model's
+// Collective. Sets every parameter of `model` but LoRA's adapters (sharded by fully_shard or
+// not) from the directory's safetensors files, each rank reading only its own rows of each
+// tensor; F32, BF16 and F16 tensors are converted to the parameters' dtype. Names are the model's
 // named_parameters(); a tied model accepts a file with or without lm_head.weight (ignored, as
 // transformers ignores it), and rotary_emb.inv_freq entries of old conversions are ignored.
 // Every rank checks everything before any parameter changes: missing tensors, unexpected ones,
@@ -66,6 +66,9 @@ struct HfLoadOptions {
   // Tensor parallelism (BuildOptions::tp): each rank reads only its slice of its rows.
   ProcessGroupPtr tp;
   bool sequence_parallel = false;  // BuildOptions::sequence_parallel
+  // LoRA adapters (BuildOptions::lora): drawn fresh, not read (a Hugging Face directory holds
+  // the base model; load_peft_adapter reads adapters).
+  LoraOptions lora;
 };
 struct HfModel {
   Config config;
@@ -100,7 +103,10 @@ struct HfSaveOptions {
 // renamed into place. CheckpointError on every rank, before anything is gathered, when `dir`
 // exists and is not an empty directory (nothing a user saved is overwritten), a tokenizer file
 // is missing, the config does not match the model, or the dtype is not one of the three; and
-// after, when writing failed on rank 0 (the temporary directory is then removed).
+// after, when writing failed on rank 0 (the temporary directory is then removed). A model with
+// LoRA adapters (BuildOptions::lora) is written merged, as PEFT's merge_and_unload: each
+// adapted weight W + (B @ A) * alpha / rank, computed in fp32, and no adapter tensors; the
+// model itself is not changed.
 void save_hf_checkpoint(const std::string& dir, const torch::nn::Module& model,
                         const Config& config, const ProcessGroupPtr& world,
                         const HfSaveOptions& options = {});

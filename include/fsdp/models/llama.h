@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "fsdp/models/llama_config.h"
+#include "fsdp/models/lora_options.h"
 #include "fsdp/parallel/tensor_parallel.h"
 #include "fsdp/runtime/fully_shard.h"
 
@@ -72,7 +73,16 @@ class LinearImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight, bias;  // bias undefined without one
 
+  // A LoRA adapter (lora_options.h): registers lora_A [rank, in] (nn.Linear's init from
+  // torch's generator) and lora_B [out, rank] (zero), cast to the options' dtype; the forward
+  // then adds (lora_B(lora_A(dropout(x)))) * alpha / rank, dropout only in a forward that
+  // records gradients in training mode. Not under tensor parallelism.
+  void add_lora(const LoraOptions& lora, const BuildOptions& options);
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
+  double lora_scaling() const { return lora_scaling_; }
+
  private:
+  double lora_scaling_ = 0, lora_dropout_ = 0;
   TpStyle style_;
   ProcessGroupPtr tp_;
   bool sequence_parallel_ = false;
@@ -189,6 +199,13 @@ struct BuildOptions {
   // column-parallel matmul and reduce-scattered after each row-parallel one, instead of whole
   // on every rank and all-reduced. The same math; the sequence must divide by the degree.
   bool sequence_parallel = false;
+  // LoRA (lora_options.h): adapters on the targeted Linears of every decoder layer, and every
+  // other parameter frozen (requires_grad false) before on_layer_built runs, so that FSDP
+  // reduces the adapters' gradients only. Adapters are drawn whatever random_init says (a load
+  // of base weights leaves them as PEFT makes them). Checked by validate_lora (llama_lora.h):
+  // InvalidArgument for a target that names no Linear, a rank above a target's dimensions, or
+  // tensor parallelism.
+  LoraOptions lora;
 };
 
 // LlamaModel: the child "model" of the root.

@@ -154,6 +154,8 @@ void load_hf_weights(const std::string& dir_in, torch::nn::Module& model,
   ShardedLoadOptions options;
   options.ignore = ignored_entry;
   options.slices = std::move(slices);
+  // LoRA adapters are not the base model's: never in a Hugging Face directory.
+  options.keep = [](const std::string& name) { return !is_lora_parameter(name); };
   SafetensorsLocations found;
   try {
     found = locate_tensors(dir, options.problems, options.unreadable);
@@ -178,6 +180,7 @@ HfModel load_hf_model(const std::string& dir, const ProcessGroupPtr& world,
   build.on_layer_built = options.on_layer_built;
   build.tp = options.tp;
   build.sequence_parallel = options.sequence_parallel;
+  build.lora = options.lora;
   out.model = build_llama(out.config, build);
   if (options.on_model_built) options.on_model_built(out.model);
   const int tp_size = options.tp ? options.tp->size() : 1;

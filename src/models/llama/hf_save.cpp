@@ -26,6 +26,7 @@
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "llama/hf_files.h"
+#include "llama/lora_merge.h"
 #include "model_check.h"
 
 namespace fsdp::models::llama {
@@ -202,7 +203,8 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
           fmt::format("max_shard_bytes is {}, expected > 0", options.max_shard_bytes));
     }
     validate(config);
-    auto state = get_model_state_dict(model);  // names and global shapes: no communication
+    // Names and global shapes, no communication; LoRA adapters are merged, not written.
+    auto state = detail::without_lora(get_model_state_dict(model));
     check_model_matches(state, config, layout);
     // The files hold the full tensors.
     for (auto& [name, s] : state) {
@@ -230,31 +232,52 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
   gather.cpu_offload = true;
   gather.dtype = options.dtype;
   gather.tp = layout;
+  // A model with LoRA adapters is written merged; the merge reads the weights in their own
+  // dtype (converted as they are written).
+  const auto scalings = detail::lora_scalings(model);
+  if (!scalings.empty()) gather.dtype.reset();
+  auto write = [&](const std::string& name, const at::Tensor& t) {
+    if (!error.empty()) return;  // keep joining the gathers; write nothing more
+    try {
+      const auto& planned = files.at(file);
+      if (planned.specs.at(next).name != name) {
+        throw CheckpointError(fmt::format("tensor '{}' arrived where '{}' was planned", name,
+                                          planned.specs[next].name));
+      }
+      if (!out) {
+        out = std::make_unique<SafetensorsWriter>(
+            tmp + "/" + planned.name, planned.specs,
+            std::map<std::string, std::string>{{"format", "pt"}});
+      }
+      out->write_next(t.scalar_type() == options.dtype ? t : t.to(options.dtype));
+      if (++next == planned.specs.size()) {
+        out->finish();  // flushed to the disk
+        out.reset();
+        ++file;
+        next = 0;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  };
+  detail::LoraMerger merger(scalings, write);
   try {
     for_each_full_tensor(model, world, gather, [&](const std::string& name, const at::Tensor& t) {
-      if (!error.empty()) return;  // keep joining the gathers; write nothing more
+      if (scalings.empty()) return write(name, t);
+      if (!error.empty()) return;
       try {
-        const auto& planned = files.at(file);
-        if (planned.specs.at(next).name != name) {
-          throw CheckpointError(fmt::format("tensor '{}' arrived where '{}' was planned", name,
-                                            planned.specs[next].name));
-        }
-        if (!out) {
-          out = std::make_unique<SafetensorsWriter>(
-              tmp + "/" + planned.name, planned.specs,
-              std::map<std::string, std::string>{{"format", "pt"}});
-        }
-        out->write_next(t);
-        if (++next == planned.specs.size()) {
-          out->finish();  // flushed to the disk
-          out.reset();
-          ++file;
-          next = 0;
-        }
+        merger.add(name, t);
       } catch (const std::exception& e) {
         error = e.what();
       }
     });
+    if (writer && error.empty() && !scalings.empty()) {
+      try {
+        merger.finish();
+      } catch (const std::exception& e) {
+        error = e.what();  // reported in (3), agreed
+      }
+    }
   } catch (...) {
     // A failed gather (a communication error): nothing to agree on; leave nothing behind.
     if (writer && !tmp.empty()) {

@@ -3,10 +3,12 @@
 // by tests/reference/llama_logits_check.py).
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/models/llama_lora.h"
 #include "model_check.h"
 
 namespace fsdp::models::llama {
@@ -53,6 +55,21 @@ torch::Tensor init_slice(std::vector<int64_t> shape, int64_t dim, double std,
   return init_weight(shape, std, o).narrow(dim, c.offset, c.length).contiguous();
 }
 
+// LoRA: every parameter of `module` but the adapters' frozen (PEFT's mark_only_lora_as_trainable).
+void freeze_all_but_lora(torch::nn::Module& module) {
+  for (auto& p : module.named_parameters(/*recurse=*/true)) {
+    p.value().requires_grad_(is_lora_parameter(p.key()));
+  }
+}
+
+// The targeted Linear gets its adapter.
+void adapt(Linear& linear, const std::string& name, const BuildOptions& o) {
+  const auto& t = o.lora.targets;
+  if (o.lora.enabled() && std::find(t.begin(), t.end(), name) != t.end()) {
+    linear->add_lora(o.lora, o);
+  }
+}
+
 // transformers' rotate_half: the two halves of the last dimension, (-x2, x1).
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -86,7 +103,40 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, double std, cons
   if (with_bias) bias = register_parameter("bias", torch::zeros({bias_rows}, options_of(o)));
 }
 
+void LinearImpl::add_lora(const LoraOptions& lora, const BuildOptions& o) {
+  FSDP_MODEL_CHECK(style_ == TpStyle::kNone,
+                   "llama: LoRA adapters under tensor parallelism are "
+                   "not supported");
+  FSDP_MODEL_CHECK(!lora_A, "llama: this Linear has an adapter already");
+  const int64_t out = weight.size(0), in = weight.size(1);
+  FSDP_MODEL_CHECK(
+      lora.rank > 0 && lora.rank <= std::min(in, out),
+      "llama: LoRA rank {} for a Linear of {} inputs and {} outputs (expected 1 to {})", lora.rank,
+      in, out, std::min(in, out));
+  // PEFT's LoraLayer.update_layer: nn.Linear(in, r, bias=False) then reset_lora_parameters,
+  // which draws A by kaiming_uniform_(a=sqrt(5)) (nn.Linear's own init) and zeroes B.
+  lora_A = register_module("lora_A",
+                           torch::nn::Linear(torch::nn::LinearOptions(in, lora.rank).bias(false)));
+  lora_B = register_module("lora_B",
+                           torch::nn::Linear(torch::nn::LinearOptions(lora.rank, out).bias(false)));
+  {
+    torch::NoGradGuard no_grad;
+    lora_B->weight.zero_();
+  }
+  lora_A->to(o.dtype);
+  lora_B->to(o.dtype);
+  lora_scaling_ = lora.scaling();
+  lora_dropout_ = lora.dropout;
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (lora_A) {
+    // PEFT's lora.Linear.forward: the base layer's result, then the update added in its order.
+    auto y = torch::nn::functional::linear(x, weight, bias);
+    const bool drop = lora_dropout_ > 0 && is_training() && at::GradMode::is_enabled();
+    const auto h = drop ? torch::dropout(x, lora_dropout_, /*train=*/true) : x;
+    return y + lora_B(lora_A(h)) * lora_scaling_;
+  }
   if (style_ != TpStyle::kRow) return torch::nn::functional::linear(x, weight, bias);
   if (sequence_parallel_) {
     // The partial sums reduce-scattered over the sequence; the bias then meets each rank's
@@ -213,6 +263,10 @@ AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
   k_proj = register_module("k_proj", Linear(d, c.kv_size(), c.qkv_bias(), std, o, col));
   v_proj = register_module("v_proj", Linear(d, c.kv_size(), c.qkv_bias(), std, o, col));
   o_proj = register_module("o_proj", Linear(c.q_size(), d, c.o_bias(), std, o, TpStyle::kRow));
+  adapt(q_proj, "q_proj", o);
+  adapt(k_proj, "k_proj", o);
+  adapt(v_proj, "v_proj", o);
+  adapt(o_proj, "o_proj", o);
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& cos,
@@ -274,6 +328,9 @@ MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
   gate_proj = register_module("gate_proj", Linear(d, i, c.mlp_bias, std, o, col));
   up_proj = register_module("up_proj", Linear(d, i, c.mlp_bias, std, o, col));
   down_proj = register_module("down_proj", Linear(i, d, c.mlp_bias, std, o, TpStyle::kRow));
+  adapt(gate_proj, "gate_proj", o);
+  adapt(up_proj, "up_proj", o);
+  adapt(down_proj, "down_proj", o);
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x_in) {
@@ -304,11 +361,17 @@ LlamaModelImpl::LlamaModelImpl(const Config& c, const BuildOptions& o)
   layers.reserve(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     DecoderLayer layer(c, o);
+    // Frozen before on_layer_built shards it: FSDP then reduces the adapters' gradients only.
+    if (o.lora.enabled()) freeze_all_but_lora(*layer);
     list->push_back(layer);
     layers.push_back(layer);
     if (o.on_layer_built) o.on_layer_built(i, layers.back());
   }
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, o));
+  if (o.lora.enabled()) {
+    freeze_all_but_lora(*embed_tokens);
+    freeze_all_but_lora(*norm);
+  }
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
@@ -344,7 +407,8 @@ void LlamaModelImpl::set_cache(std::vector<LayerCache>* cache, int64_t* cached) 
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& o)
-    : config_((validate(c), validate_tp(c, o.tp ? o.tp->size() : 1), c)),
+    : config_((validate(c), validate_tp(c, o.tp ? o.tp->size() : 1),
+               validate_lora(c, o.lora, o.tp ? o.tp->size() : 1), c)),
       tp_(tensor_parallel(o) ? o.tp : nullptr),
       sequence_parallel_(splits_sequence(o)) {
   model = register_module("model", LlamaModel(c, o));
@@ -356,6 +420,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& 
     lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, /*bias=*/false,
                                                 c.initializer_range, o, TpStyle::kColumn));
   }
+  // The head, and the tied one: register_parameter made the embedding's tensor trainable again.
+  if (o.lora.enabled()) freeze_all_but_lora(*this);
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& tokens) {
