@@ -15,6 +15,7 @@ import report_features  # noqa: E402
 import report_gpu  # noqa: E402
 import report_hsdp  # noqa: E402
 import report_llama  # noqa: E402
+import report_lora  # noqa: E402
 import report_planner  # noqa: E402
 import report_qwz  # noqa: E402
 import report_tiny_units  # noqa: E402
@@ -157,7 +158,7 @@ def main():
               "shard-sized optimizer step has not been measured.", ""]
     lines += [""] + report_features.section(res) + report_checkpoint.section(res)
     lines += report_debug.section(res)
-    lines += report_llama.section(res) + report_tiny_units.section(res)
+    lines += report_llama.section(res) + report_lora.section(res) + report_tiny_units.section(res)
     lines += report_hsdp.section(res) + report_tp.section(res) + report_qwz.section(res) + report_planner.section(res)
     lines += report_gpu.section(res)
     lines += ["", "## Collectives (float32, busbw = bytes x (n-1)/n / time, as nccl-tests)", ""]

@@ -194,8 +194,11 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
                 task.train ? task.train->describe() : "none");
   auto validate = [&](int steps_done) {
     if (!task.validation) return;
+    // Evaluation mode (dropout off, as transformers' model.eval()), training mode after.
+    task.module->eval();
     const double loss = validation_loss(*task.validation, task.logits, task.vocab, o.eval_batch,
                                         *dist.group, dist.device, task.loss, share);
+    task.module->train();
     report.validation(steps_done, loss, task.validation->count());
   };
 

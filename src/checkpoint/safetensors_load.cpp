@@ -108,7 +108,9 @@ Checked check(const SafetensorsLocations& tensors, const torch::nn::Module& mode
     out.problems.push_back(fmt::format("missing tensors: {}", fmt::join(missing, ", ")));
   }
   for (const auto& [name, where] : tensors) {
-    if (by_name.count(name) || (options.ignore && options.ignore(name))) continue;
+    if (options.ignore && options.ignore(name)) continue;
+    // A tensor of the model that `keep` leaves out is not the file's to set: unexpected.
+    if (by_name.count(name) && (!options.keep || options.keep(name))) continue;
     auto alias = alias_of.find(name);
     if (alias == alias_of.end()) {
       unexpected.push_back(fmt::format("'{}' (in {})", name, where.file));

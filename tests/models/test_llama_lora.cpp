@@ -289,6 +289,48 @@ TEST(LlamaLora, PeftAdapterDirectoriesRoundTripAcrossWorlds) {
   remove_all(dir);
 }
 
+// Dropout draws in training mode only; activation checkpointing recomputes a unit with the
+// first run's random state, so its gradients are those of the loss it reported.
+TEST(LlamaLora, DropoutUnderActivationCheckpointingKeepsTheGradients) {
+  const auto c = tiny_llama();
+  auto lora = all_targets();
+  lora.dropout = 0.5;
+  const auto tokens = tokens_for(c.vocab_size);
+  auto run = [&](bool checkpointed, bool eval) {
+    std::pair<double, FullStateDict> out;
+    run_local_ranks(1, [&](const ProcessGroupPtr& pg) {
+      FullyShardOptions unit;
+      unit.activation_checkpointing = checkpointed;
+      auto o = with_lora(lora);
+      o.on_layer_built = [&](int64_t, Unit<llama::DecoderLayer>& layer) {
+        randomize_b(*layer.module());
+        fully_shard(layer, pg, unit);
+      };
+      auto model = build_seeded(c, kSeed, o);
+      auto root = fully_shard(model, pg);
+      if (eval) model->eval();
+      torch::manual_seed(99);  // the dropout masks
+      auto loss = model->loss(root(tokens.narrow(1, 0, 11)), tokens.narrow(1, 1, 11));
+      loss.backward();
+      out.first = loss.item<double>();
+      for (auto& p : model->named_parameters()) {
+        if (p.value().grad().defined()) out.second.emplace_back(p.key(), p.value().grad().clone());
+      }
+    });
+    return out;
+  };
+  const auto plain = run(false, false), checkpointed = run(true, false);
+  const auto eval = run(false, true), eval_again = run(true, true);
+  EXPECT_NEAR(plain.first, checkpointed.first, 1e-6 * plain.first);
+  ASSERT_EQ(plain.second.size(), checkpointed.second.size());
+  for (size_t i = 0; i < plain.second.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain.second[i].second, checkpointed.second[i].second, 1e-5, 1e-7))
+        << plain.second[i].first;
+  }
+  EXPECT_NE(plain.first, eval.first) << "dropout 0.5 changed nothing in training mode";
+  EXPECT_NEAR(eval.first, eval_again.first, 1e-6 * eval.first);
+}
+
 TEST(LlamaLora, BadOptionsAreNamed) {
   const auto c = tiny_llama();
   auto lora = all_targets();
@@ -322,6 +364,16 @@ TEST(LlamaLora, BadAdapterDirectoriesChangeNothing) {
     llama::save_peft_adapter(dir, *model, lora, pg);
     expect_error_containing<CheckpointError>(
         [&] { llama::save_peft_adapter(dir, *model, lora, pg); }, "not an empty directory");
+    // Options that do not describe the model's adapters would write a wrong config.
+    auto wrong = lora;
+    wrong.alpha = 32;
+    expect_error_containing<CheckpointError>(
+        [&] { llama::save_peft_adapter(dir + "_alpha", *model, wrong, pg); }, "scales by 2");
+    wrong = lora;
+    wrong.targets.pop_back();
+    expect_error_containing<CheckpointError>(
+        [&] { llama::save_peft_adapter(dir + "_targets", *model, wrong, pg); },
+        "adapts down_proj, which the targets");
     // Another rank: named, nothing changed.
     auto other = all_targets(2);
     auto small = build_seeded(c, kSeed + 1, with_lora(other));
@@ -330,6 +382,18 @@ TEST(LlamaLora, BadAdapterDirectoriesChangeNothing) {
         [&] { llama::load_peft_adapter(dir, *small, other, pg); }, "rank 4 alpha 8");
     expect_same_tensors(get_full_model_state_dict(*small, pg), before);
   });
+  // A base weight in the adapter file (PEFT's save_embedding_layers) is not set silently.
+  {
+    auto adapters = read_safetensors(dir + "/adapter_model.safetensors");
+    adapters.emplace_back("base_model.model.model.norm.weight", torch::ones({c.hidden_size}));
+    write_safetensors(dir + "/adapter_model.safetensors", adapters);
+    run_local_ranks(1, [&](const ProcessGroupPtr& pg) {
+      auto model = build_seeded(c, kSeed, with_lora(lora));
+      expect_error_containing<CheckpointError>(
+          [&] { llama::load_peft_adapter(dir, *model, lora, pg); },
+          "tensors the model does not have: 'model.norm.weight'");
+    });
+  }
   // What PEFT can write but this library does not build is refused, not ignored.
   std::string config = read_text(dir + "/adapter_config.json");
   const auto at = config.find("\"use_dora\": false");

@@ -317,7 +317,11 @@ TEST(LlamaTensorParallel, TrainsAsTheWholeModelUnderFsdp) {
           for (const auto& [name, shard] : parameter_shards(*model)) {
             auto want = slice_of(ref_params.at(name), slices, name).detach();
             auto full = gather_full(mesh.shard, shard.local.detach(), want.size(0));
-            EXPECT_LT(rel_err(full, want), 1e-4) << name << (sp ? " sp" : "");
+            // AdamW's update is the gradient's sign for elements whose gradient is tiny, so the
+            // rounding of the split sums (row-parallel o_proj adds its halves in another order)
+            // reaches the parameters amplified: 1.8e-4 measured on one Xeon, under 1e-4 on
+            // others. A wrong split or reduction is off by far more.
+            EXPECT_LT(rel_err(full, want), 5e-4) << name << (sp ? " sp" : "");
           }
         },
         test_options());

@@ -32,7 +32,8 @@ The contract (shared with train_llama):
   every prediction's cross entropy over their count.
 
 train prints `step S loss X lr Y` per step (loss to 9 significant digits), `val_loss X` at
-evaluations, and a last line `RESULT steps=... final_loss=... [val_loss=...] time_s=...`; --metrics-out
+evaluations, and a last line `RESULT steps=... final_loss=... [val_loss=...] time_s=...
+peak_rss_mib=...` (the largest rank's); --metrics-out
 writes the same as JSONL ({"step", "loss", "lr"} and {"step", "val_loss"}). At W > 1 it spawns W
 processes on gloo (CPU): fsdp2 applies torch.distributed.fsdp.fully_shard to every decoder layer
 then to the root, ddp wraps in DistributedDataParallel. Exits non-zero on any error.
@@ -499,11 +500,17 @@ def train_worker(rank, world, a, done):
             val_value = evaluate(model, val_tokens, a.seq, a.eval_batch)
             emit(f"val_loss {val_value:.9g} step {step}", {"step": step, "val_loss": val_value})
     elapsed = time.perf_counter() - t0
+    # Peak resident memory, the largest over ranks (ru_maxrss: KiB on Linux).
+    import resource
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    if distributed:
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     if a.save_final:
         save_final(model, a, rank)
     if rank == 0:
         val = f" val_loss={val_value:.9g}" if val_value is not None else ""
-        print(f"RESULT steps={a.steps} final_loss={loss_value:.9g}{val} time_s={elapsed:.2f}",
+        print(f"RESULT steps={a.steps} final_loss={loss_value:.9g}{val} time_s={elapsed:.2f} "
+              f"peak_rss_mib={peak.item():.0f}",
               flush=True)
         if metrics:
             metrics.close()

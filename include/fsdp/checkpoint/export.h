@@ -64,9 +64,9 @@ struct ShardedLoadOptions {
   // (its shard's rows are rows of that slice); the files hold the full tensors. Null, or no
   // entry for a name: the parameter is the whole tensor.
   std::map<std::string, tp::TpSlice> slices;
-  // The model's tensors to load (null: all). Those it refuses are left as they are, not
-  // reported missing, and a file's tensor of that name is skipped (LoRA: the base weights
-  // without the adapters, or the adapters alone).
+  // The model's tensors to load (null: all). Those it refuses are left as they are and not
+  // reported missing; a file that holds one is reported (unexpected). LoRA: the base weights
+  // without the adapters, or the adapters alone.
   std::function<bool(const std::string&)> keep;
 };
 

@@ -46,8 +46,9 @@ struct GenerateOptions {
 
 // The new tokens after `prompt` (at least one token id, each in the vocabulary), at most
 // options.max_new_tokens of them. `root` is the model as the program calls it (its
-// fsdp::Unit, sharded or not), `model` the module itself. Runs without gradients; the model's
-// cache is removed when it returns or throws. InvalidArgument for an empty prompt, a token
+// fsdp::Unit, sharded or not), `model` the module itself. Runs without gradients and in
+// evaluation mode (training mode is restored after, if it was on); the model's cache is
+// removed when it returns or throws. InvalidArgument for an empty prompt, a token
 // outside the vocabulary, options out of range, or a model with sequence parallelism (a
 // single new token does not split over the sequence).
 std::vector<int64_t> generate(fsdp::Unit<LlamaForCausalLM>& root, LlamaForCausalLMImpl& model,

@@ -11,6 +11,25 @@
 namespace fsdp::models::llama {
 namespace {
 
+// Evaluation mode (LoRA's dropout off) for the generation; training mode back after, if it
+// was on.
+class GenerateEvalMode {
+ public:
+  explicit GenerateEvalMode(torch::nn::Module& model)
+      : model_(model), was_training_(model.is_training()) {
+    model_.eval();
+  }
+  ~GenerateEvalMode() {
+    if (was_training_) model_.train();
+  }
+  GenerateEvalMode(const GenerateEvalMode&) = delete;
+  GenerateEvalMode& operator=(const GenerateEvalMode&) = delete;
+
+ private:
+  torch::nn::Module& model_;
+  bool was_training_;
+};
+
 // Removes the model's cache however generation ends.
 class CacheScope {
  public:
@@ -78,6 +97,7 @@ std::vector<int64_t> generate(fsdp::Unit<LlamaForCausalLM>& root, LlamaForCausal
                    "generate: the model splits the sequence over its tensor-parallel group "
                    "(sequence parallelism); one new token does not split: build it without");
   torch::NoGradGuard no_grad;
+  GenerateEvalMode eval_mode(model);
   // The device the units compute on (under CPU offload the shards, and so the embedding's
   // weight between forwards, are in host memory).
   const auto device = o.device.value_or(model.model->embed_tokens->weight.device());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -16,6 +17,7 @@
 #include "fsdp/io/files.h"
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/llama_lora.h"
+#include "llama/lora_merge.h"
 #include "model_check.h"
 
 namespace fsdp::models {
@@ -96,9 +98,10 @@ nlohmann::json config_json(const LoraOptions& lora, const PeftSaveOptions& optio
   return j;
 }
 
-// The adapted Linears of the model (by lora_owner) and their ranks; problems when `lora` does
-// not describe them.
-std::vector<std::string> adapter_problems(const ShardedStateDict& state, const LoraOptions& lora) {
+// Problems when `lora` does not describe the model's adapters: their ranks, the Linears they
+// adapt (every target adapted, none other), their scaling (alpha / rank).
+std::vector<std::string> adapter_problems(const torch::nn::Module& model, const LoraOptions& lora) {
+  const auto state = get_model_state_dict(model);
   std::vector<std::string> problems;
   std::set<std::string> owners;
   for (const auto& [name, s] : state) {
@@ -116,7 +119,22 @@ std::vector<std::string> adapter_problems(const ShardedStateDict& state, const L
                                      target, fmt::join(lora.targets, ", ")));
     }
   }
-  if (owners.empty()) problems.push_back("the model has no LoRA adapters");
+  if (owners.empty()) {
+    problems.push_back("the model has no LoRA adapters");
+    return problems;
+  }
+  for (const auto& t : lora.targets) {
+    const bool adapted = std::any_of(owners.begin(), owners.end(),
+                                     [&](const std::string& o) { return ends_with(o, "." + t); });
+    if (!adapted) problems.push_back(fmt::format("no {} of the model has an adapter", t));
+  }
+  for (const auto& [owner, scaling] : detail::lora_scalings(model)) {
+    if (lora.rank > 0 && std::abs(scaling - lora.scaling()) > 1e-12 * std::abs(scaling)) {
+      problems.push_back(fmt::format("{}'s adapter scales by {:g}; alpha {:g} / rank {} is {:g}",
+                                     owner, scaling, lora.alpha, lora.rank, lora.scaling()));
+      break;
+    }
+  }
   return problems;
 }
 
@@ -189,9 +207,17 @@ LoraOptions read_peft_adapter_config(const std::string& dir_in) {
   for (const char* flag : {"fan_in_fan_out", "use_rslora", "use_dora"}) {
     require(value_or(flag, false) == false, path, fmt::format("{} is not supported", flag));
   }
-  for (const char* key : {"modules_to_save", "layers_to_transform", "layers_pattern"}) {
+  require(value_or("lora_bias", false) == false, path, "lora_bias is not supported");
+  const auto init = value_or("init_lora_weights", true);
+  // The initialisations that change the base weights (PiSSA, OLoRA, CorDA, LoftQ) make
+  // adapters for a base model other than the directory's.
+  require(init.is_boolean() || init == "gaussian", path,
+          fmt::format("init_lora_weights {} changes the base model: not supported", init.dump()));
+  for (const char* key :
+       {"modules_to_save", "layers_to_transform", "layers_pattern", "exclude_modules",
+        "target_parameters", "trainable_token_indices", "layer_replication"}) {
     const auto v = value_or(key, nullptr);
-    require(v.is_null() || (v.is_array() && v.empty()), path,
+    require(v.is_null() || ((v.is_array() || v.is_object()) && v.empty()), path,
             fmt::format("{} ({}) is not supported", key, v.dump()));
   }
   for (const char* key : {"rank_pattern", "alpha_pattern"}) {
@@ -243,7 +269,7 @@ void save_peft_adapter(const std::string& dir_in, const torch::nn::Module& model
       throw CheckpointError(
           fmt::format("dtype {} is not one of float32, bfloat16, float16", c10::toString(t)));
     }
-    const auto problems = peft_files::adapter_problems(get_model_state_dict(model), lora);
+    const auto problems = peft_files::adapter_problems(model, lora);
     if (!problems.empty()) throw CheckpointError(fmt::format("{}", fmt::join(problems, "; ")));
     if (writer) {
       if (io::path_exists(dir) && (!io::is_directory(dir) || !io::list_directory(dir).empty())) {
@@ -322,13 +348,17 @@ void load_peft_adapter(const std::string& dir_in, torch::nn::Module& model, cons
         // PEFT's names; a file of another adapter name ("base_model.model.x.lora_A.other.weight")
         // does not match the model's and is reported unexpected.
         const bool prefixed = name.rfind(peft_files::kPrefix, 0) == 0;
-        renamed.emplace(prefixed ? name.substr(peft_files::kPrefix.size()) : name, where);
+        const std::string model_name = prefixed ? name.substr(peft_files::kPrefix.size()) : name;
+        if (!renamed.emplace(model_name, where).second) {
+          options.problems.push_back(fmt::format("{} holds '{}' with and without the prefix {}",
+                                                 file, model_name, peft_files::kPrefix));
+        }
       }
     }
   } catch (const std::exception& e) {
     options.problems.push_back(e.what());
   }
-  const auto problems = peft_files::adapter_problems(get_model_state_dict(model), lora);
+  const auto problems = peft_files::adapter_problems(model, lora);
   options.problems.insert(options.problems.end(), problems.begin(), problems.end());
   load_safetensors_sharded(renamed, model, world, what, options);
 }

@@ -133,7 +133,9 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   if (lora_A) {
     // PEFT's lora.Linear.forward: the base layer's result, then the update added in its order.
     auto y = torch::nn::functional::linear(x, weight, bias);
-    const bool drop = lora_dropout_ > 0 && is_training() && at::GradMode::is_enabled();
+    // PEFT's nn.Dropout: in training mode (activation checkpointing's recompute restores the
+    // random state, so it draws the first run's masks); evaluation and generation set eval().
+    const bool drop = lora_dropout_ > 0 && is_training();
     const auto h = drop ? torch::dropout(x, lora_dropout_, /*train=*/true) : x;
     return y + lora_B(lora_A(h)) * lora_scaling_;
   }
