@@ -141,7 +141,7 @@ std::string lora_summary(const Options& o, const ll::Config& config) {
       "; LoRA rank {} alpha {:g} dropout {:g} on {}: {} trainable parameters ({:.3f}% of {}){}",
       o.lora.rank, o.lora.alpha, o.lora.dropout, fmt::join(o.lora.targets, ","), trainable,
       100.0 * static_cast<double>(trainable) / static_cast<double>(ll::parameter_count(config)),
-      ll::parameter_count(config), o.lora_adapter.empty() ? "" : ", from " + o.lora_adapter);
+      ll::parameter_count(config), o.lora_adapter.empty() ? ";" : ", from " + o.lora_adapter + ";");
 }
 
 trainer::PlanModel plan_model(const Options& o, const ll::Config& config) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <unordered_set>
 
 #include "optimizer.h"
 
@@ -190,7 +191,14 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
                                     /*recurse=*/true);
   }
   Reporter report(o, dist, task.info);
-  report.header(task.root.memory_stats().sharded_param_bytes, startup_peak,
+  int64_t trainable_bytes = 0;
+  std::unordered_set<const void*> counted;
+  for (const auto& p : task.module->parameters()) {
+    if (p.requires_grad() && counted.insert(p.unsafeGetTensorImpl()).second) {
+      trainable_bytes += static_cast<int64_t>(p.nbytes());
+    }
+  }
+  report.header(task.root.memory_stats().sharded_param_bytes, trainable_bytes, startup_peak,
                 task.train ? task.train->describe() : "none");
   auto validate = [&](int steps_done) {
     if (!task.validation) return;

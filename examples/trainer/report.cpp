@@ -38,7 +38,8 @@ Reporter::Reporter(const TrainOptions& options, const fsdp::Distributed& dist, M
   }
 }
 
-void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std::string& data) {
+void Reporter::header(int64_t shard_bytes, int64_t trainable_shard_bytes,
+                      int64_t startup_peak_bytes, const std::string& data) {
   const int64_t startup_peak = max_over_ranks(*dist_.group, startup_peak_bytes, dist_.device);
   if (!lead_) return;
   const int world = dist_.group->size();
@@ -62,10 +63,14 @@ void Reporter::header(int64_t shard_bytes, int64_t startup_peak_bytes, const std
                  : "");
   fmt::print("model: {} seq {} | {:.2f}M parameters ({:.1f} MiB fp32)\n", model_.sizes, o_.seq,
              model_.parameters / 1e6, mib(model_.parameters * 4));
+  // Frozen parameters (LoRA's base weights) have neither gradients nor optimizer state.
   fmt::print(
       "per rank: parameter shards {:.1f} MiB, + gradients and AdamW state about {:.1f} MiB more "
-      "(ZeRO-3: 16 bytes/param / {})\n",
-      mib(shard_bytes), mib(3 * shard_bytes),
+      "({}ZeRO-3: 16 bytes/param / {})\n",
+      mib(shard_bytes), mib(3 * trainable_shard_bytes),
+      trainable_shard_bytes < shard_bytes
+          ? fmt::format("{:.1f} MiB of the shards trainable; ", mib(trainable_shard_bytes))
+          : "",
       o_.tp > 1 ? fmt::format("(tp {} x {} shards)", o_.tp, dp / o_.replicas)
                 : fmt::format("{}", world / o_.replicas));
   fmt::print("start-up: {} | peak rss {:.0f} MiB/rank once built and sharded\n",

@@ -30,7 +30,10 @@ class Reporter {
 
   // startup_peak_bytes: this rank's peak RSS once the model is built and sharded (collective:
   // every rank calls header).
-  void header(int64_t shard_bytes, int64_t startup_peak_bytes, const std::string& data);
+  // trainable_shard_bytes: the shards of parameters that take a gradient (all, unless some are
+  // frozen).
+  void header(int64_t shard_bytes, int64_t trainable_shard_bytes, int64_t startup_peak_bytes,
+              const std::string& data);
   // Around the timed part of a step: synchronises the GPU so the clock measures its work.
   void start_step(const fsdp::CommStats& comm);
   // grad_norm: the global gradient norm before clipping (0 when not clipping).
