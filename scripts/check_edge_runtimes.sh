@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Checks a Llama model exported in Hugging Face format (by train_llama, or hf_llama.py) under edge
-# runtimes: the validation perplexity under llama.cpp (f32 and f16 GGUF) and ExecuTorch (portable
-# and XNNPACK .pte) must equal exp(EXPECTED_LOSS), the loss the trainer printed, within 1%.
+# runtimes: the validation perplexity under llama.cpp (f32 and f16 GGUF, on its CPU backend and
+# on its Vulkan backend) and ExecuTorch (portable and XNNPACK .pte) must equal exp(EXPECTED_LOSS),
+# the loss the trainer printed, within 1%; Vulkan's must equal the CPU backend's within 1e-3.
 #
 #   scripts/check_edge_runtimes.sh HF_DIR VAL_TOKENS SEQ EXPECTED_LOSS [--tokenizer tokenizer.model]
-#       [--tokens-dtype uint16|uint32] [--skip-llamacpp] [--skip-executorch] [--work DIR]
+#       [--tokens-dtype uint16|uint32] [--skip-llamacpp] [--skip-vulkan] [--skip-executorch]
+#       [--work DIR]
 #       [--max-windows N]
 #
 # llama.cpp: llama-cpp-python's source release (which vendors llama.cpp and its
@@ -13,6 +15,13 @@
 # project's venv; a later run reuses the wheel. The converter needs a SentencePiece
 # tokenizer.model beside the weights: --tokenizer copies one in (scripts/tokenize_text.py writes one
 # when it trains its own).
+# llama.cpp on Vulkan: a second wheel of the same source with -DGGML_VULKAN=ON (Debian's glslc,
+# libvulkan-dev and spirv-headers, installed here when missing and apt-get is usable; one
+# instance-creation block patched for Debian 12's older Vulkan headers by
+# scripts/patch_llamacpp_vulkan.py; MINUTES minutes on 2 cores), installed into its own venv,
+# $FSDP_CACHE/llamacpp-vulkan-venv, which sees the project venv through a .pth file. Every layer
+# is offloaded; on a machine without a GPU the device is Mesa's software rasterizer lavapipe
+# (mesa-vulkan-drivers), whose name the table shows.
 # ExecuTorch: executorch 1.2.0 (the release built against torch 2.11) goes into a separate venv,
 # $FSDP_CACHE/executorch-venv, that sees the project venv's torch and transformers through a .pth
 # file; its XNNPACK backend needs the flatbuffers compiler flatc (Debian: flatbuffers-compiler,
@@ -30,15 +39,17 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 helper="$root/tests/reference/edge_runtimes.py"
 
-usage() { sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "check_edge_runtimes: $*" >&2; exit 1; }
 
-positional=() tokenizer="" dtype=uint16 skip_llamacpp=0 skip_executorch=0 work="" max_windows=""
+positional=() tokenizer="" dtype=uint16 skip_llamacpp=0 skip_vulkan=0 skip_executorch=0 work=""
+max_windows=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tokenizer) tokenizer="${2:?--tokenizer needs a file}"; shift 2 ;;
     --tokens-dtype) dtype="${2:?}"; shift 2 ;;
     --skip-llamacpp) skip_llamacpp=1; shift ;;
+    --skip-vulkan) skip_vulkan=1; shift ;;
     --skip-executorch) skip_executorch=1; shift ;;
     --work) work="${2:?}"; shift 2 ;;
     --max-windows) max_windows="${2:?}"; shift 2 ;;
@@ -123,6 +134,57 @@ if [ "$skip_llamacpp" = 0 ]; then
   done
   echo "== llama.cpp"
   "$py" "$helper" llamacpp "${ggufs[@]}" "${common[@]}" || die "the llama.cpp evaluation failed"
+
+  if [ "$skip_vulkan" = 0 ]; then
+    missing=()
+    command -v glslc >/dev/null || missing+=(glslc)
+    [ -f /usr/include/vulkan/vulkan.h ] || missing+=(libvulkan-dev)
+    [ -d /usr/share/cmake/SPIRV-Headers ] || missing+=(spirv-headers)
+    ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+    if [ ${#missing[@]} -gt 0 ]; then
+      if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "== installing ${missing[*]} for llama.cpp's Vulkan backend"
+        apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 ||
+          { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; } ||
+          die "could not install ${missing[*]} (or give --skip-vulkan)"
+      else
+        die "llama.cpp's Vulkan backend needs ${missing[*]} (apt-get install them, or give --skip-vulkan)"
+      fi
+    fi
+    vk_wheel=$(ls "$lc/wheels-vulkan/llama_cpp_python-$LLAMA_CPP_PYTHON-"*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$vk_wheel" ]; then
+      echo "== building llama-cpp-python $LLAMA_CPP_PYTHON with Vulkan (log $lc/build-vulkan.log)"
+      t0=$(now)
+      # The same source, patched to build against Debian 12's Vulkan headers
+      # (scripts/patch_llamacpp_vulkan.py says what it changes).
+      rm -rf "$lc/vulkan-src"; mkdir -p "$lc/vulkan-src"
+      tar xzf "$sdist" -C "$lc/vulkan-src"
+      python3 "$here/patch_llamacpp_vulkan.py" "$lc/vulkan-src/llama_cpp_python-$LLAMA_CPP_PYTHON" ||
+        die "could not patch llama.cpp's Vulkan backend for these headers"
+      CMAKE_ARGS="-DGGML_VULKAN=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+        "$py" -m pip wheel --no-deps -w "$lc/wheels-vulkan" "$lc/vulkan-src/llama_cpp_python-$LLAMA_CPP_PYTHON" \
+        > "$lc/build-vulkan.log" 2>&1 ||
+        { tail -20 "$lc/build-vulkan.log" >&2; die "building llama-cpp-python with Vulkan failed (log $lc/build-vulkan.log)"; }
+      vk_wheel=$(ls "$lc/wheels-vulkan/llama_cpp_python-$LLAMA_CPP_PYTHON-"*.whl | head -1)
+      echo "built $vk_wheel in $(since "$t0")"
+    fi
+    vk="$cache/llamacpp-vulkan-venv"
+    if ! "$vk/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_PYTHON' or not llama_cpp.__file__.startswith('$vk/'))" 2>/dev/null; then
+      echo "== installing the Vulkan build into $vk"
+      rm -rf "$vk"
+      "$py" -m venv "$vk" || die "could not make the venv $vk"
+      # Installed before the project venv is made visible: pip would otherwise find its CPU
+      # build there and install nothing.
+      "$vk/bin/python" -m pip install -q --no-deps "$vk_wheel" diskcache jinja2 typing-extensions ||
+        die "installing the Vulkan build of llama-cpp-python failed"
+      vk_site=$("$vk/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+      # The venv's own llama_cpp comes before the project venv's (the .pth path is appended).
+      "$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > "$vk_site/zz_fsdp_main_venv.pth"
+    fi
+    echo "== llama.cpp on Vulkan"
+    "$vk/bin/python" "$helper" llamacpp --device vulkan "${ggufs[@]}" "${common[@]}" ||
+      die "the llama.cpp evaluation on Vulkan failed"
+  fi
 fi
 
 if [ "$skip_executorch" = 0 ]; then

@@ -1,5 +1,7 @@
 """Validation loss of a Llama model under edge runtimes, against the loss the C++ trainer printed:
-llama.cpp (through llama-cpp-python, on GGUF files made by llama.cpp's convert_hf_to_gguf.py) and
+llama.cpp (through llama-cpp-python, on GGUF files made by llama.cpp's convert_hf_to_gguf.py; on
+its CPU backend, and with --device vulkan on its Vulkan backend, whose perplexity must also equal
+the CPU backend's within 1e-3) and
 ExecuTorch (a .pte exported from transformers' LlamaForCausalLM, run by ExecuTorch's runtime).
 scripts/check_edge_runtimes.sh prepares both and calls this; each subcommand appends one JSON row
 per runtime to --rows, and `table` prints them and sets the exit status.
@@ -25,6 +27,8 @@ sys.path.insert(0, HERE)
 import hf_llama  # noqa: E402
 
 LOGITS_TOLERANCE = 1e-4
+# llama.cpp's Vulkan backend against its CPU backend on the same file (relative, on ppl).
+VULKAN_TOLERANCE = 1e-3
 
 
 def nll_sum(logits, targets):
@@ -50,7 +54,62 @@ def windows(a):
     return tokens, n
 
 
+VULKAN_DEVICES = []
+
+
+class captured_stderr:
+    """The process's stderr (fd 2, where llama.cpp logs) into a buffer: `.text` after."""
+
+    def __enter__(self):
+        import tempfile
+        self.file = tempfile.TemporaryFile(mode="w+b")
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode(errors="replace")
+        self.file.close()
+        return False
+
+
+def open_llama(Llama, path, a):
+    """llama-cpp-python's Llama on `path`; on --device vulkan every layer offloaded, and the
+    Vulkan device's name read from llama.cpp's log (ggml_vulkan: 0 = NAME | ...), which is
+    written to the process's stderr: captured around the load."""
+    # The KV cache in f32 (type 0): llama.cpp's default f16 cache would round the keys and
+    # values of an f32 model (and its f16 path measured 20x slower on this CPU).
+    kwargs = dict(model_path=path, n_ctx=a.seq, n_batch=a.seq, n_ubatch=a.seq, logits_all=True,
+                  n_threads=a.threads, n_threads_batch=a.threads, type_k=0, type_v=0)
+    if a.device == "cpu":
+        return Llama(verbose=False, **kwargs), "CPU"
+    import re
+    with captured_stderr() as log:
+        llm = Llama(verbose=True, n_gpu_layers=-1, **kwargs)
+    text = log.text
+    # ggml lists the devices once per process, at the first load.
+    VULKAN_DEVICES.extend(d.strip() for d in re.findall(r"ggml_vulkan: \d+ = ([^|\n]+)", text))
+    devices = VULKAN_DEVICES
+    placed = re.findall(r"layer +\d+ assigned to device (\w+)", text)
+    if not devices:
+        raise hf_llama.Fail("llama.cpp found no Vulkan device (is this llama-cpp-python built "
+                            "with -DGGML_VULKAN=ON, and is a Vulkan driver installed: "
+                            "mesa-vulkan-drivers for lavapipe?)")
+    if not placed or any(not d.startswith("Vulkan") for d in placed):
+        raise hf_llama.Fail(f"llama.cpp did not put every layer on Vulkan: {placed}")
+    return llm, f"Vulkan: {devices[0].strip()}, {len(placed)} layers on it"
+
+
 def cmd_llamacpp(a):
+    if a.device == "vulkan":
+        # ggml leaves out Vulkan devices of the CPU type (Mesa's lavapipe on a machine without a
+        # GPU) unless they are named: the first device, unless the caller names others.
+        os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
     try:
         import llama_cpp
         from llama_cpp import Llama
@@ -63,11 +122,7 @@ def cmd_llamacpp(a):
         if not path or not os.path.isfile(path):
             raise hf_llama.Fail(f"--gguf {spec}: expected LABEL=FILE of an existing GGUF file")
         t0 = time.perf_counter()
-        # The KV cache in f32 (type 0): llama.cpp's default f16 cache would round the keys and
-        # values of an f32 model (and its f16 path measured 20x slower on this CPU).
-        llm = Llama(model_path=path, n_ctx=a.seq, n_batch=a.seq, n_ubatch=a.seq, logits_all=True,
-                    verbose=False, n_threads=a.threads, n_threads_batch=a.threads,
-                    type_k=0, type_v=0)
+        llm, device = open_llama(Llama, path, a)
         if int(tokens[:n * a.seq + 1].max()) >= llm.n_vocab():
             raise hf_llama.Fail(f"token id {int(tokens.max())} >= the GGUF vocabulary {llm.n_vocab()}")
         total = 0.0
@@ -78,11 +133,15 @@ def cmd_llamacpp(a):
             total += nll_sum(llm.scores[:a.seq], w[1:])
         loss = total / (n * a.seq)
         took = time.perf_counter() - t0
-        row = dict(runtime=f"llama.cpp {llama_cpp.__version__}", dtype=label, val_loss=loss,
-                   windows=n, time_s=round(took, 2), tolerance=a.tolerance, note=os.path.basename(path))
+        backend = "" if a.device == "cpu" else " Vulkan"
+        row = dict(runtime=f"llama.cpp {llama_cpp.__version__}{backend}", dtype=label,
+                   val_loss=loss, windows=n, time_s=round(took, 2), tolerance=a.tolerance,
+                   note=f"{os.path.basename(path)} ({device})", backend=a.device)
         add_row(a.rows, row)
-        print(f"llama.cpp {label}: val_loss {loss:.9g} over {n} windows ({took:.1f}s)", flush=True)
-        del llm
+        print(f"llama.cpp {label} on {device}: val_loss {loss:.9g} over {n} windows "
+              f"({took:.1f}s)", flush=True)
+        with captured_stderr():  # a verbose model logs its teardown
+            del llm
 
 
 def export_pte(model, seq, backend, path):
@@ -182,7 +241,19 @@ def cmd_table(a):
         failed += not ok
         print(f"{r['runtime']:<30} {r['dtype']:<6} {r['val_loss']:>12.7f} {ppl:>12.6g} {want:>14.6g} "
               f"{err:>9.2e} {r['time_s']:>6.1f}s  {'ok' if ok else 'FAIL'}  {r.get('note', '')}")
-    print(f"{len(rows) - failed} of {len(rows)} runtimes agree (tolerance on ppl "
+    # The Vulkan backend against the CPU backend on the same GGUF file: the same perplexity.
+    cpu = {r["dtype"]: r for r in rows if r.get("backend") == "cpu" and r["val_loss"] is not None}
+    checks = len(rows)
+    for r in rows:
+        if r.get("backend") != "vulkan" or r["val_loss"] is None or r["dtype"] not in cpu:
+            continue
+        diff = abs(math.exp(r["val_loss"]) / math.exp(cpu[r["dtype"]]["val_loss"]) - 1)
+        ok = diff <= VULKAN_TOLERANCE
+        checks += 1
+        failed += not ok
+        print(f"llama.cpp {r['dtype']}: Vulkan's ppl against the CPU backend's: relative "
+              f"difference {diff:.2e} (tolerance {VULKAN_TOLERANCE:g})  {'ok' if ok else 'FAIL'}")
+    print(f"{checks - failed} of {checks} checks agree (tolerance on ppl "
           f"{rows[0]['tolerance']:.0%})")
     if failed:
         sys.exit(1)
@@ -207,6 +278,9 @@ def main():
 
     s = sub.add_parser("llamacpp", help="GGUF files under llama-cpp-python")
     s.add_argument("--gguf", action="append", required=True, help="LABEL=FILE, e.g. f16=model.gguf")
+    s.add_argument("--device", choices=["cpu", "vulkan"], default="cpu",
+                   help="vulkan: every layer on llama.cpp's Vulkan backend (a build with "
+                        "-DGGML_VULKAN=ON), the device's name in the row")
     common(s)
     s.set_defaults(func=cmd_llamacpp)
     s = sub.add_parser("executorch", help="export to .pte and run with ExecuTorch's runtime")
