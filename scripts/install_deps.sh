@@ -25,6 +25,7 @@ packages=(
   nlohmann-json3-dev    # JSON: metrics lines, safetensors headers
   iproute2              # `ip netns`: the multi-host test's namespace "hosts"
   ccache                # keeps compiled objects across builds (used when present)
+  libpcre2-dev          # the tokenizer's pre-tokenizer regexes (Unicode properties)
 )
 python_packages=(
   "torch==${torch_version}"

@@ -41,7 +41,16 @@ std::string check(const Options& o) {
   if (o.preset.empty() && !is_file(config_path(o))) {
     return fmt::format("{}: no such file (expected a Hugging Face config.json)", config_path(o));
   }
-  if (!o.generate_ids.empty()) {
+  if (!o.generate_text.empty()) {
+    if (!o.generate_ids.empty()) return "--generate TEXT and --generate-ids IDS: give one";
+    if (o.hf_dir.empty() || !is_file(o.hf_dir + "/tokenizer.json")) {
+      return fmt::format(
+          "--generate needs the model's tokenizer.json in --hf-dir ({} has none; a model with "
+          "only a SentencePiece tokenizer.model takes --generate-ids)",
+          o.hf_dir.empty() ? "no --hf-dir given" : o.hf_dir);
+    }
+  }
+  if (!o.generate_ids.empty() || !o.generate_text.empty()) {
     if (o.max_new_tokens < 0) {
       return fmt::format("--max-new-tokens must be >= 0, got {}", o.max_new_tokens);
     }
@@ -190,6 +199,10 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "separated) with a cache of keys and values, on every rank (sharded like "
                  "training), and print the new ids")
       ->delimiter(',');
+  app.add_option("--generate", o.generate_text,
+                 "Instead of training: generate after this text, encoded by --hf-dir's "
+                 "tokenizer.json (a byte-level BPE: fsdp/models/tokenizer.h), and print the new "
+                 "ids and their text (the chat template is not applied: give the rendered text)");
   app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens --generate-ids adds at most")
       ->capture_default_str();
   app.add_option("--temperature", o.temperature,

@@ -30,6 +30,9 @@ struct Options {
   int64_t count = 1;
   // --generate-ids: generate after these prompt tokens instead of training (llama_generate.h).
   std::vector<int64_t> generate_ids;
+  // --generate: the same after this text, encoded by --hf-dir's tokenizer.json (and the new
+  // tokens decoded).
+  std::string generate_text;
   int64_t max_new_tokens = 32;
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;

@@ -19,6 +19,7 @@
 #include "fsdp/models/llama_generate.h"
 #include "fsdp/models/llama_lora.h"
 #include "fsdp/models/llama_plan.h"
+#include "fsdp/models/tokenizer.h"
 #include "llama_options.h"
 #include "loop.h"
 #include "move_unsharded.h"
@@ -213,14 +214,24 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   if (!o.ignore_eos) g.eos_token_ids = eos_ids(o, b.config);
   g.group = dist.group;
   g.device = dist.device;
+  std::optional<fsdp::models::Tokenizer> tokenizer;
+  auto prompt = o.generate_ids;
+  if (!o.generate_text.empty()) {
+    tokenizer = fsdp::models::Tokenizer::from_file(o.hf_dir + "/tokenizer.json");
+    prompt = tokenizer->encode(o.generate_text);
+    if (dist.group->rank() == 0) {
+      fmt::print("prompt: {} tokens: {}\n", prompt.size(), fmt::join(prompt, " "));
+    }
+  }
   const auto start = std::chrono::steady_clock::now();
-  const auto ids = ll::generate(b.root, *b.model, o.generate_ids, g);
+  const auto ids = ll::generate(b.root, *b.model, prompt, g);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (dist.group->rank() == 0) {
     fmt::print("generated {} tokens ({}, {}) in {:.2f} s: {}\n", ids.size(),
                o.temperature > 0 ? fmt::format("temperature {:g}", o.temperature) : "greedy",
                o.no_cache ? "no cache" : "cache", seconds, fmt::join(ids, " "));
+    if (tokenizer) fmt::print("text: {}\n", nlohmann::json(tokenizer->decode(ids)).dump());
   }
   return 0;
 }
@@ -244,7 +255,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     dump_logits(o, b, *val, dist);
     return 0;
   }
-  if (!o.generate_ids.empty()) return generate(o, b, dist);
+  if (!o.generate_ids.empty() || !o.generate_text.empty()) return generate(o, b, dist);
   trainer::Task task;
   task.root = b.root;
   task.module = b.model.ptr().get();

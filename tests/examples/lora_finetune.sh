@@ -123,6 +123,35 @@ got="$(sed -n 's/^generated [0-9]* tokens ([^)]*) in [0-9.]* s: //p' "$tmp/gen.l
 if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "generation with the adapters equals PEFT's: $got"
 else echo "FAILED: generation '$got', PEFT's '$want'"; fail=1; fi
 
+# The same from text: --generate encodes the rendered chat template with the C++ tokenizer
+# (tokenizer.json) into transformers' ids, and decodes the new tokens as transformers does.
+"$py" - "$tmp/tok" "$tmp/rendered.txt" "$tmp/rendered_ids.txt" <<'PY' || fail=1
+import sys, transformers
+t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+messages = [{"role": "user", "content": "Add 12 and 30."}]
+open(sys.argv[2], "w").write(t.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+ids = t.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+open(sys.argv[3], "w").write(" ".join(map(str, ids)))
+PY
+cp "$tmp/tok/tokenizer.json" "$tmp/base/"
+text="$(cat "$tmp/rendered.txt"; printf x)"; text="${text%x}"
+"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --generate "$text" \
+  --max-new-tokens 24 --threads 1 > "$tmp/gen_text.log" 2>&1 || { cat "$tmp/gen_text.log"; fail=1; }
+want_prompt="$(cat "$tmp/rendered_ids.txt")"
+got_prompt="$(sed -n 's/^prompt: [0-9]* tokens: //p' "$tmp/gen_text.log")"
+[ "$got_prompt" = "$want_prompt" ] && echo "--generate's prompt ids equal transformers' apply_chat_template" \
+  || { echo "FAILED: --generate encoded '$got_prompt', transformers '$want_prompt'"; fail=1; }
+"$py" - "$tmp/tok" "$tmp/gen_text.log" <<'PY' || fail=1
+import json, re, sys, transformers
+t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+log = open(sys.argv[2]).read()
+ids = [int(i) for i in re.search(r"^generated \d+ tokens \([^)]*\) in [\d.]+ s: (.*)$", log, re.M).group(1).split()]
+text = json.loads(re.search(r"^text: (.*)$", log, re.M).group(1))
+want = t.decode(ids)
+print(f"--generate decoded {text!r}" + ("" if text == want else f", transformers {want!r}"))
+sys.exit(0 if text == want else 1)
+PY
+
 expect_error() {  # expect_error NEEDLE COMMAND...
   local needle="$1"; shift
   if "$@" > "$tmp/err.log" 2>&1; then
@@ -139,5 +168,7 @@ expect_error "LoRA rank 40 is larger than k_proj's weight allows" \
   "$bin" "${plain[@]}" --lora-rank 40 --lora-targets q_proj,k_proj
 expect_error "holds rank 8 alpha 16" "$bin" "${plain[@]}" --lora-adapter "$tmp/init" --lora-rank 4
 expect_error "--export-adapter needs LoRA adapters" "$bin" "${plain[@]}"
+rm -f "$tmp/base/tokenizer.json"
+expect_error "--generate needs the model's tokenizer.json" "$bin" --hf-dir "$tmp/base" --generate "Hi"
 [ ! -e "$tmp/bad" ] || { echo "FAILED: a refused run wrote $tmp/bad"; fail=1; }
 exit $fail

@@ -1,0 +1,399 @@
+// The byte-level BPE of a tokenizer.json (fsdp/models/tokenizer.h), following the `tokenizers`
+// library's order: added tokens split out first, then the pre-tokenizer's pieces, each piece's
+// bytes mapped to GPT-2's printable characters, then BPE merges by rank within each piece.
+#include "fsdp/models/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <fmt/format.h>
+#include <pcre2.h>
+
+#include <algorithm>
+#include <climits>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+#include <utility>
+
+#include "fsdp/errors.h"
+#include "fsdp/io/files.h"
+
+namespace fsdp::models {
+namespace bpe_detail {
+
+// GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
+const char* const kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string utf8(uint32_t cp) {
+  std::string out;
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for 256 + n.
+std::vector<std::string> byte_chars() {
+  std::vector<std::string> out(256);
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+    out[b] = utf8(printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++));
+  }
+  return out;
+}
+
+// The UTF-8 characters of `s`, each as its own string (invalid bytes one by one).
+std::vector<std::string> characters(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    n = std::min(n, s.size() - i);
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+// A compiled PCRE2 pattern (UTF, Unicode properties) that splits text into its matches and
+// the stretches between them (tokenizers' Split with behavior Isolated).
+class Regex {
+ public:
+  explicit Regex(const std::string& pattern) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                          PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(error, message, sizeof(message));
+      throw InvalidArgument(
+          fmt::format("tokenizer: the pre-tokenizer's regex {} does not compile "
+                      "at {}: {}",
+                      pattern, offset, reinterpret_cast<char*>(message)));
+    }
+    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+  }
+  ~Regex() {
+    if (data_) pcre2_match_data_free(data_);
+    if (code_) pcre2_code_free(code_);
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  std::vector<std::string> split(const std::string& text) const {
+    std::vector<std::string> out;
+    size_t start = 0, gap = 0;
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    while (start <= text.size()) {
+      const int rc = pcre2_match(code_, subject, text.size(), start, 0, data_, nullptr);
+      if (rc < 0) break;
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data_);
+      const size_t b = v[0], e = v[1];
+      if (e == b) {  // an empty match: step one character on
+        start = b + (b < text.size() ? characters(text.substr(b, 4)).front().size() : 1);
+        continue;
+      }
+      if (b > gap) out.push_back(text.substr(gap, b - gap));
+      out.push_back(text.substr(b, e - b));
+      gap = start = e;
+    }
+    if (gap < text.size()) out.push_back(text.substr(gap));
+    return out;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+  pcre2_match_data* data_ = nullptr;
+};
+
+std::string dump_short(const nlohmann::json& j) {
+  auto s = j.dump();
+  return s.size() > 120 ? s.substr(0, 117) + "..." : s;
+}
+
+}  // namespace bpe_detail
+
+struct Tokenizer::Impl {
+  std::unordered_map<std::string, int64_t> vocab;
+  std::vector<std::string> id_to_token;
+  std::vector<bool> special;   // by id: an added token marked special
+  std::vector<bool> is_added;  // by id: an added token (decoded as its content)
+  std::map<std::pair<std::string, std::string>, int> ranks;
+  bool ignore_merges = false;
+  // Added tokens, longest first (so that a longer one wins where two start at one place).
+  std::vector<std::pair<std::string, int64_t>> added;
+  std::vector<std::unique_ptr<bpe_detail::Regex>> splits;  // applied in order
+  bool add_prefix_space = false;
+  std::vector<std::string> byte_char = bpe_detail::byte_chars();
+  std::unordered_map<std::string, unsigned char> char_byte;
+  std::vector<int64_t> prefix, suffix;  // the post-processor's ids around a sequence
+
+  void read_pre_tokenizer(const nlohmann::json& p) {
+    using bpe_detail::dump_short;
+    if (p.is_null()) return;
+    const auto type = p.value("type", "");
+    if (type == "Sequence") {
+      for (const auto& q : p.at("pretokenizers")) read_pre_tokenizer(q);
+    } else if (type == "ByteLevel") {
+      add_prefix_space = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) {
+        splits.push_back(std::make_unique<bpe_detail::Regex>(bpe_detail::kGpt2Pattern));
+      }
+    } else if (type == "Split") {
+      const auto& pattern = p.at("pattern");
+      if (p.value("behavior", "") != "Isolated" || p.value("invert", false) ||
+          !pattern.contains("Regex")) {
+        throw InvalidArgument(fmt::format(
+            "tokenizer: pre-tokenizer Split {} is not supported (a Regex with behavior Isolated "
+            "is)",
+            dump_short(p)));
+      }
+      splits.push_back(std::make_unique<bpe_detail::Regex>(pattern.at("Regex").get<std::string>()));
+    } else {
+      throw InvalidArgument(fmt::format(
+          "tokenizer: pre-tokenizer {} is not supported (ByteLevel, Split and Sequence are)",
+          dump_short(p)));
+    }
+  }
+
+  void read_post_processor(const nlohmann::json& p) {
+    using bpe_detail::dump_short;
+    if (p.is_null()) return;
+    const auto type = p.value("type", "");
+    if (type == "Sequence") {
+      for (const auto& q : p.at("processors")) read_post_processor(q);
+    } else if (type == "TemplateProcessing") {
+      bool after = false;
+      for (const auto& item : p.at("single")) {
+        if (item.contains("Sequence")) {
+          after = true;
+        } else if (item.contains("SpecialToken")) {
+          const auto id = item["SpecialToken"].at("id").get<std::string>();
+          for (const auto& i : p.at("special_tokens").at(id).at("ids")) {
+            (after ? suffix : prefix).push_back(i.get<int64_t>());
+          }
+        }
+      }
+    } else if (type != "ByteLevel") {
+      throw InvalidArgument(fmt::format(
+          "tokenizer: post-processor {} is not supported (TemplateProcessing, ByteLevel and "
+          "Sequence are)",
+          dump_short(p)));
+    }
+  }
+
+  // BPE within one pre-token's characters.
+  void bpe(const std::string& piece, std::vector<int64_t>& out) const {
+    std::string mapped;
+    for (unsigned char b : piece) mapped += byte_char[b];
+    if (ignore_merges) {
+      if (auto it = vocab.find(mapped); it != vocab.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
+    auto symbols = bpe_detail::characters(mapped);
+    while (symbols.size() > 1) {
+      int best = INT_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+        auto it = ranks.find({symbols[i], symbols[i + 1]});
+        if (it != ranks.end() && it->second < best) {
+          best = it->second;
+          at = i;
+        }
+      }
+      if (best == INT_MAX) break;
+      const std::string a = symbols[at], b = symbols[at + 1];
+      std::vector<std::string> next;
+      for (size_t i = 0; i < symbols.size(); ++i) {
+        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
+          next.push_back(a + b);
+          ++i;
+        } else {
+          next.push_back(symbols[i]);
+        }
+      }
+      symbols = std::move(next);
+    }
+    for (const auto& s : symbols) {
+      auto it = vocab.find(s);
+      if (it == vocab.end()) {
+        throw InvalidArgument(fmt::format(
+            "tokenizer: '{}' is not in the vocabulary (a byte-level BPE holds every byte)", s));
+      }
+      out.push_back(it->second);
+    }
+  }
+
+  void encode_plain(const std::string& text, std::vector<int64_t>& out) const {
+    std::vector<std::string> pieces = {text};
+    for (const auto& r : splits) {
+      std::vector<std::string> next;
+      for (const auto& p : pieces) {
+        auto parts = r->split(p);
+        next.insert(next.end(), parts.begin(), parts.end());
+      }
+      pieces = std::move(next);
+    }
+    for (const auto& p : pieces) bpe(p, out);
+  }
+};
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+Tokenizer Tokenizer::from_file(const std::string& path_in) {
+  using bpe_detail::dump_short;
+  const std::string path =
+      io::is_directory(path_in) ? io::without_trailing_slash(path_in) + "/tokenizer.json" : path_in;
+  if (!io::path_exists(path)) {
+    throw InvalidArgument(
+        fmt::format("tokenizer: {} does not exist (expected a Hugging Face "
+                    "tokenizer.json, or a directory holding one)",
+                    path));
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(io::read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("tokenizer: {} is not valid JSON: {}", path, e.what()));
+  }
+  auto impl = std::make_unique<Impl>();
+  try {
+    const auto& model = j.at("model");
+    if (model.value("type", "") != "BPE" || model.value("byte_fallback", false)) {
+      throw InvalidArgument(fmt::format(
+          "model {} is not a byte-level BPE (WordPiece, Unigram and SentencePiece-style BPE with "
+          "byte_fallback are not supported: a tokenizer.model goes through SentencePiece)",
+          dump_short(model).substr(0, 60)));
+    }
+    if (!j.value("normalizer", nlohmann::json()).is_null()) {
+      throw InvalidArgument(
+          fmt::format("normalizer {} is not supported", dump_short(j["normalizer"])));
+    }
+    const auto& decoder = j.value("decoder", nlohmann::json());
+    if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel") {
+      throw InvalidArgument(
+          fmt::format("decoder {} is not supported (ByteLevel is)", dump_short(decoder)));
+    }
+    impl->ignore_merges = model.value("ignore_merges", false);
+    int64_t size = 0;
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      impl->vocab[token] = id.get<int64_t>();
+      size = std::max(size, id.get<int64_t>() + 1);
+    }
+    int rank = 0;
+    for (const auto& m : model.at("merges")) {
+      std::pair<std::string, std::string> pair;
+      if (m.is_string()) {
+        const auto s = m.get<std::string>();
+        const auto space = s.find(' ');
+        if (space == std::string::npos) throw InvalidArgument("merge '" + s + "' has no space");
+        pair = {s.substr(0, space), s.substr(space + 1)};
+      } else {
+        pair = {m.at(0).get<std::string>(), m.at(1).get<std::string>()};
+      }
+      impl->ranks.emplace(std::move(pair), rank++);
+    }
+    std::vector<std::pair<int64_t, bool>> added_ids;
+    for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
+      const auto content = a.at("content").get<std::string>();
+      const auto id = a.at("id").get<int64_t>();
+      impl->vocab[content] = id;
+      impl->added.emplace_back(content, id);
+      added_ids.emplace_back(id, a.value("special", false));
+      size = std::max(size, id + 1);
+    }
+    std::stable_sort(impl->added.begin(), impl->added.end(),
+                     [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
+    impl->id_to_token.assign(size, "");
+    impl->special.assign(size, false);
+    impl->is_added.assign(size, false);
+    for (const auto& [token, id] : impl->vocab) impl->id_to_token[id] = token;
+    for (const auto& [id, special] : added_ids) {
+      impl->special[id] = special;
+      impl->is_added[id] = true;
+    }
+    impl->read_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()));
+    impl->read_post_processor(j.value("post_processor", nlohmann::json()));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("tokenizer {}: {}", path, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("tokenizer {}: unexpected layout: {}", path, e.what()));
+  }
+  for (int b = 0; b < 256; ++b) impl->char_byte[impl->byte_char[b]] = static_cast<unsigned char>(b);
+  return Tokenizer(std::move(impl));
+}
+
+std::vector<int64_t> Tokenizer::encode(std::string_view text_in, bool add_special) const {
+  const Impl& t = *impl_;
+  std::string text(text_in);
+  if (t.add_prefix_space && !text.empty() && text[0] != ' ') text = " " + text;
+  std::vector<int64_t> out;
+  if (add_special) out = t.prefix;
+  // Added tokens first: the text between them is encoded on its own.
+  size_t pos = 0, plain = 0;
+  while (pos < text.size()) {
+    const std::pair<std::string, int64_t>* hit = nullptr;
+    for (const auto& a : t.added) {
+      if (!a.first.empty() && text.compare(pos, a.first.size(), a.first) == 0) {
+        hit = &a;
+        break;
+      }
+    }
+    if (!hit) {
+      ++pos;
+      continue;
+    }
+    if (pos > plain) t.encode_plain(text.substr(plain, pos - plain), out);
+    out.push_back(hit->second);
+    pos += hit->first.size();
+    plain = pos;
+  }
+  if (plain < text.size()) t.encode_plain(text.substr(plain), out);
+  if (add_special) out.insert(out.end(), t.suffix.begin(), t.suffix.end());
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
+  const Impl& t = *impl_;
+  std::string out;
+  for (const auto id : ids) {
+    if (id < 0 || id >= static_cast<int64_t>(t.id_to_token.size()) || t.id_to_token[id].empty()) {
+      throw InvalidArgument(fmt::format("tokenizer: id {} is not in the vocabulary ({} ids)", id,
+                                        t.id_to_token.size()));
+    }
+    if (t.is_added[id]) {
+      if (!(skip_special && t.special[id])) out += t.id_to_token[id];
+      continue;
+    }
+    for (const auto& c : bpe_detail::characters(t.id_to_token[id])) {
+      auto it = t.char_byte.find(c);
+      out += it != t.char_byte.end() ? std::string(1, static_cast<char>(it->second)) : c;
+    }
+  }
+  return out;
+}
+
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
+
+std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
+  auto it = impl_->vocab.find(token);
+  if (it == impl_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,119 @@
+"""fsdp::models::Tokenizer (C++) against Hugging Face's `tokenizers`: the same ids, and decoding
+that gives the text back, on texts with ASCII, accents, CJK, emoji, digits, contractions, runs
+of spaces and newlines and the special tokens written out. Two byte-level BPEs trained here
+offline: GPT-2's form (ByteLevel with its regex: make_chat_tokenizer.py's, as SmolLM2 ships) and
+Llama 3's (Split by Llama 3's regex, then ByteLevel without one; a TemplateProcessing that adds
+<|begin_of_text|>; ignore_merges). A tokenizer with a normalizer the C++ side does not
+implement must be refused by name.
+
+  python tokenizer_check.py --cpp build/bin/tokenizer_encode
+Exits 0 when every id agrees, 1 otherwise.
+"""
+import argparse, json, os, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                  r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+           "<|eot_id|>"]
+TEXTS = [
+    "Hello world",
+    "  leading spaces and trailing   ",
+    "It's what we'll do; they've gone, I'd say, you're RIGHT, DON'T.",
+    "Numbers: 1234567 and 3.14159, 2026-12-02, 1,000,000.",
+    "Café naïve résumé — Ünïcödé façade.",
+    "日本語のテキストと中文字符。",
+    "Emoji 🙂🚀 and symbols ∑∫√ ≠ ≤ «quotes»",
+    "line one\nline two\n\n\tindented\r\nwindows",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>",
+    "special<|eot_id|>glued<|eot_id|><|eot_id|>",
+    "",
+    " ",
+    "a",
+]
+
+
+def corpus():
+    files = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0"]
+    extra = os.path.join(tempfile.gettempdir(), f"tokenizer_check_extra_{os.getpid()}.txt")
+    with open(extra, "w") as f:
+        f.write("\n".join(TEXTS) * 20)
+    return [p for p in files if os.path.isfile(p)] + [extra]
+
+
+def train(kind, out):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=(kind == "llama3")))
+    if kind == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(corpus(), trainer)
+    if kind == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                          pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                          special_tokens=[("<|begin_of_text|>", bos)])])
+    tok.save(out)
+    return tok
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpp", required=True, help="the tokenizer_encode binary")
+    a = p.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        texts_path = os.path.join(tmp, "texts.json")
+        texts = TEXTS + [open("/usr/share/common-licenses/GPL-3").read()[:5000]]
+        with open(texts_path, "w") as f:
+            json.dump(texts, f)
+        for kind in ("gpt2", "llama3"):
+            path = os.path.join(tmp, f"{kind}.json")
+            tok = train(kind, path)
+            for special in (True, False):
+                args = [a.cpp, path, texts_path] + ([] if special else ["--no-special"])
+                r = subprocess.run(args, capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"FAILED: {kind}: tokenizer_encode exited {r.returncode}: {r.stderr}")
+                    ok = False
+                    continue
+                got = json.loads(r.stdout)
+                bad = 0
+                for text, ids, decoded in zip(texts, got["ids"], got["decoded"]):
+                    want = tok.encode(text, add_special_tokens=special).ids
+                    if ids != want:
+                        bad += 1
+                        print(f"FAILED: {kind}: {text[:40]!r}: C++ {ids[:12]}..., tokenizers {want[:12]}...")
+                    expect_text = tok.decode(want, skip_special_tokens=False)
+                    if decoded != expect_text:
+                        bad += 1
+                        print(f"FAILED: {kind}: decoding {text[:40]!r} gave {decoded[:40]!r}, "
+                              f"tokenizers {expect_text[:40]!r}")
+                n = sum(len(i) for i in got["ids"])
+                print(f"{kind} (add_special={special}): {len(texts)} texts, {n} ids, "
+                      f"{'equal' if not bad else f'{bad} differ'}; vocab {got['vocab_size']}")
+                ok = ok and not bad
+        # Refused by name: a normalizer the C++ tokenizer does not implement.
+        spec = json.load(open(os.path.join(tmp, "gpt2.json")))
+        spec["normalizer"] = {"type": "NFC"}
+        nfc = os.path.join(tmp, "nfc.json")
+        json.dump(spec, open(nfc, "w"))
+        r = subprocess.run([a.cpp, nfc, texts_path], capture_output=True, text=True)
+        if r.returncode == 0 or "normalizer" not in r.stderr:
+            print(f"FAILED: an NFC normalizer was not refused by name: {r.returncode} {r.stderr}")
+            ok = False
+        else:
+            print(f"refused: {r.stderr.strip()[:160]}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
