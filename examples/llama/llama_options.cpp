@@ -285,6 +285,9 @@ ParseResult parse_options(int argc, char** argv, int world) {
       return {std::nullopt, 2, fmt::format("error: --lora-adapter: {}", e.what())};
     }
   }
+  if (app.get_option("--generate")->count() > 0 && o.generate_text.empty()) {
+    return {std::nullopt, 2, "error: --generate needs a text (an empty prompt generates nothing)"};
+  }
   if (t.plan && t.plan_world < 0) {
     return {std::nullopt, 2,
             fmt::format("error: --plan-world must be positive, got {}", t.plan_world)};

@@ -219,6 +219,13 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   if (!o.generate_text.empty()) {
     tokenizer = fsdp::models::Tokenizer::from_file(o.hf_dir + "/tokenizer.json");
     prompt = tokenizer->encode(o.generate_text);
+    // A rendered chat template starts with the BOS the post-processor adds (transformers'
+    // apply_chat_template encodes without special tokens): not twice.
+    const auto& bos = tokenizer->prefix_ids();
+    if (!bos.empty() && prompt.size() >= 2 * bos.size() &&
+        std::equal(bos.begin(), bos.end(), prompt.begin() + static_cast<int64_t>(bos.size()))) {
+      prompt.erase(prompt.begin(), prompt.begin() + static_cast<int64_t>(bos.size()));
+    }
     if (dist.group->rank() == 0) {
       fmt::print("prompt: {} tokens: {}\n", prompt.size(), fmt::join(prompt, " "));
     }

@@ -64,6 +64,71 @@ std::vector<std::string> characters(const std::string& s) {
   return out;
 }
 
+// The length of the valid UTF-8 sequence at s[i], or 0 (overlong forms, surrogates and code
+// points above U+10FFFF are invalid, as in Rust's str).
+size_t utf8_sequence(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+// The first invalid byte's offset, or npos.
+size_t invalid_utf8_at(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string::npos;
+}
+
+// Rust's String::from_utf8_lossy, as tokenizers decodes: each invalid byte (or truncated
+// sequence's first byte) becomes U+FFFD.
+std::string utf8_lossy(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence(s, i);
+    if (n > 0) {
+      out.append(s, i, n);
+      i += n;
+      continue;
+    }
+    out += "\xEF\xBF\xBD";
+    // A truncated sequence (a lead byte and some of its continuation bytes) is one U+FFFD.
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t want = c >= 0xF0 && c <= 0xF4   ? 4
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xC2 && c <= 0xDF ? 2
+                                           : 1;
+    size_t k = 1;
+    while (k < want && i + k < s.size() && (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80)
+      ++k;
+    i += k;
+  }
+  return out;
+}
+
 // A compiled PCRE2 pattern (UTF, Unicode properties) that splits text into its matches and
 // the stretches between them (tokenizers' Split with behavior Isolated).
 class Regex {
@@ -81,23 +146,33 @@ class Regex {
                       "at {}: {}",
                       pattern, offset, reinterpret_cast<char*>(message)));
     }
-    data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
   }
   ~Regex() {
-    if (data_) pcre2_match_data_free(data_);
     if (code_) pcre2_code_free(code_);
   }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
+  // Thread-safe: the match data is this call's own (the compiled code is only read).
   std::vector<std::string> split(const std::string& text) const {
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> data(
+        pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
     std::vector<std::string> out;
     size_t start = 0, gap = 0;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     while (start <= text.size()) {
-      const int rc = pcre2_match(code_, subject, text.size(), start, 0, data_, nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data_);
+      // The text was checked once (valid_utf8 in encode), not again at every match.
+      const int rc =
+          pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        // Invalid UTF-8 (the tokenizers library takes only valid strings), or a match limit.
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof(message));
+        throw InvalidArgument(fmt::format("tokenizer: cannot split the text at byte {}: {}", start,
+                                          reinterpret_cast<char*>(message)));
+      }
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data.get());
       const size_t b = v[0], e = v[1];
       if (e == b) {  // an empty match: step one character on
         start = b + (b < text.size() ? characters(text.substr(b, 4)).front().size() : 1);
@@ -113,7 +188,6 @@ class Regex {
 
  private:
   pcre2_code* code_ = nullptr;
-  pcre2_match_data* data_ = nullptr;
 };
 
 std::string dump_short(const nlohmann::json& j) {
@@ -133,7 +207,7 @@ struct Tokenizer::Impl {
   // Added tokens, longest first (so that a longer one wins where two start at one place).
   std::vector<std::pair<std::string, int64_t>> added;
   std::vector<std::unique_ptr<bpe_detail::Regex>> splits;  // applied in order
-  bool add_prefix_space = false;
+  int byte_levels = 0;  // ByteLevel pre-tokenizers seen (exactly one is supported)
   std::vector<std::string> byte_char = bpe_detail::byte_chars();
   std::unordered_map<std::string, unsigned char> char_byte;
   std::vector<int64_t> prefix, suffix;  // the post-processor's ids around a sequence
@@ -145,7 +219,10 @@ struct Tokenizer::Impl {
     if (type == "Sequence") {
       for (const auto& q : p.at("pretokenizers")) read_pre_tokenizer(q);
     } else if (type == "ByteLevel") {
-      add_prefix_space = p.value("add_prefix_space", false);
+      ++byte_levels;
+      if (p.value("add_prefix_space", false)) {
+        throw InvalidArgument("pre-tokenizer ByteLevel with add_prefix_space is not supported");
+      }
       if (p.value("use_regex", true)) {
         splits.push_back(std::make_unique<bpe_detail::Regex>(bpe_detail::kGpt2Pattern));
       }
@@ -285,9 +362,15 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
           fmt::format("normalizer {} is not supported", dump_short(j["normalizer"])));
     }
     const auto& decoder = j.value("decoder", nlohmann::json());
-    if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel") {
+    if (decoder.is_null() || decoder.value("type", "") != "ByteLevel") {
       throw InvalidArgument(
           fmt::format("decoder {} is not supported (ByteLevel is)", dump_short(decoder)));
+    }
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
+      const auto v = model.value(key, nlohmann::json());
+      if (!v.is_null() && !(v.is_string() && v.get<std::string>().empty())) {
+        throw InvalidArgument(fmt::format("model {} {} is not supported", key, v.dump()));
+      }
     }
     impl->ignore_merges = model.value("ignore_merges", false);
     int64_t size = 0;
@@ -311,6 +394,12 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
     std::vector<std::pair<int64_t, bool>> added_ids;
     for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
       const auto content = a.at("content").get<std::string>();
+      for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
+        if (a.value(flag, false)) {
+          throw InvalidArgument(
+              fmt::format("added token '{}' with {} is not supported", content, flag));
+        }
+      }
       const auto id = a.at("id").get<int64_t>();
       impl->vocab[content] = id;
       impl->added.emplace_back(content, id);
@@ -328,6 +417,11 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
       impl->is_added[id] = true;
     }
     impl->read_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()));
+    if (impl->byte_levels != 1) {
+      throw InvalidArgument(
+          fmt::format("the pre-tokenizer has {} ByteLevel steps; a byte-level BPE has exactly one",
+                      impl->byte_levels));
+    }
     impl->read_post_processor(j.value("post_processor", nlohmann::json()));
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(fmt::format("tokenizer {}: {}", path, e.what()));
@@ -340,8 +434,11 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
 
 std::vector<int64_t> Tokenizer::encode(std::string_view text_in, bool add_special) const {
   const Impl& t = *impl_;
-  std::string text(text_in);
-  if (t.add_prefix_space && !text.empty() && text[0] != ' ') text = " " + text;
+  const std::string text(text_in);
+  if (const size_t bad = bpe_detail::invalid_utf8_at(text); bad != std::string::npos) {
+    throw InvalidArgument(
+        fmt::format("tokenizer: the text is not valid UTF-8 (byte {} of {})", bad, text.size()));
+  }
   std::vector<int64_t> out;
   if (add_special) out = t.prefix;
   // Added tokens first: the text between them is encoded on its own.
@@ -385,8 +482,10 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
       out += it != t.char_byte.end() ? std::string(1, static_cast<char>(it->second)) : c;
     }
   }
-  return out;
+  return bpe_detail::utf8_lossy(out);
 }
+
+const std::vector<int64_t>& Tokenizer::prefix_ids() const { return impl_->prefix; }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->id_to_token.size()); }
 

@@ -1,6 +1,7 @@
 // tokenizer_encode TOKENIZER TEXTS [--no-special]: encodes every line of the file TEXTS (a JSON
 // list of strings) with fsdp::models::Tokenizer and prints one JSON object: {"ids": [[...],
-// ...], "decoded": ["...", ...]} (decoded with special tokens kept). For
+// ...], "decoded": ["...", ...], "decoded_cut": [...]} (decoded with special tokens kept; the
+// cut ones without each text's last id, where a character may end half-way). For
 // tests/reference/tokenizer_check.py, which holds them against the `tokenizers` library.
 // Exits 1 with the error on stderr when the tokenizer is refused.
 #include <fmt/format.h>
@@ -25,10 +26,13 @@ int main(int argc, char** argv) {
     nlohmann::json out;
     out["ids"] = nlohmann::json::array();
     out["decoded"] = nlohmann::json::array();
+    out["decoded_cut"] = nlohmann::json::array();  // without the last id: a character may be cut
     for (const auto& t : texts) {
       const auto ids = tok.encode(t, special);
       out["ids"].push_back(ids);
       out["decoded"].push_back(tok.decode(ids));
+      out["decoded_cut"].push_back(
+          tok.decode(std::vector<int64_t>(ids.begin(), ids.end() - (ids.empty() ? 0 : 1))));
     }
     out["vocab_size"] = tok.vocab_size();
     std::cout << out.dump() << "\n";

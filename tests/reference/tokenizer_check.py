@@ -30,6 +30,8 @@ TEXTS = [
     "",
     " ",
     "a",
+    "ends in an emoji 🙂",  # without its last id, a character cut half-way (U+FFFD)
+    "中",
 ]
 
 
@@ -87,7 +89,12 @@ def main():
                     continue
                 got = json.loads(r.stdout)
                 bad = 0
-                for text, ids, decoded in zip(texts, got["ids"], got["decoded"]):
+                for text, ids, decoded, cut in zip(texts, got["ids"], got["decoded"],
+                                                   got["decoded_cut"]):
+                    if cut != tok.decode(ids[:-1], skip_special_tokens=False):
+                        bad += 1
+                        print(f"FAILED: {kind}: decoding all but the last id of {text[:40]!r}: "
+                              f"{cut[-20:]!r}, tokenizers {tok.decode(ids[:-1])[-20:]!r}")
                     want = tok.encode(text, add_special_tokens=special).ids
                     if ids != want:
                         bad += 1
@@ -103,15 +110,21 @@ def main():
                 ok = ok and not bad
         # Refused by name: a normalizer the C++ tokenizer does not implement.
         spec = json.load(open(os.path.join(tmp, "gpt2.json")))
-        spec["normalizer"] = {"type": "NFC"}
-        nfc = os.path.join(tmp, "nfc.json")
-        json.dump(spec, open(nfc, "w"))
-        r = subprocess.run([a.cpp, nfc, texts_path], capture_output=True, text=True)
-        if r.returncode == 0 or "normalizer" not in r.stderr:
-            print(f"FAILED: an NFC normalizer was not refused by name: {r.returncode} {r.stderr}")
-            ok = False
-        else:
-            print(f"refused: {r.stderr.strip()[:160]}")
+        refused = [("normalizer", dict(spec, normalizer={"type": "NFC"})),
+                   ("add_prefix_space", dict(spec, pre_tokenizer=dict(spec["pre_tokenizer"],
+                                                                      add_prefix_space=True))),
+                   ("decoder", dict(spec, decoder=None)),
+                   ("lstrip", dict(spec, added_tokens=[dict(spec["added_tokens"][0], lstrip=True)]
+                                   + spec["added_tokens"][1:]))]
+        for needle, bad_spec in refused:
+            path = os.path.join(tmp, f"bad_{needle}.json")
+            json.dump(bad_spec, open(path, "w"))
+            r = subprocess.run([a.cpp, path, texts_path], capture_output=True, text=True)
+            if r.returncode == 0 or needle not in r.stderr:
+                print(f"FAILED: {needle} was not refused by name: {r.returncode} {r.stderr}")
+                ok = False
+            else:
+                print(f"refused: {r.stderr.strip()[:160]}")
     sys.exit(0 if ok else 1)
 
 

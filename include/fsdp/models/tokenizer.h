@@ -1,19 +1,25 @@
-// A Hugging Face tokenizer.json in C++: the byte-level BPE that GPT-2, Llama 3, SmolLM2 and
-// Qwen2 ship, encoding and decoding exactly as the `tokenizers` library does (the ids are
-// checked against it by tests/reference/tokenizer_check.py), so that a C++ program turns text
-// into a model's ids and back without Python.
+// A Hugging Face tokenizer.json in C++: the byte-level BPE of GPT-2 and Llama 3, encoding and
+// decoding as the `tokenizers` library does (the ids and texts are checked against it by
+// tests/reference/tokenizer_check.py on GPT-2- and Llama-3-style tokenizers trained offline; no
+// published model's file was available to test), so that a C++ program turns text into a
+// model's ids and back without Python. Thread-safe (encode and decode are const).
 //
 //   auto tok = fsdp::models::Tokenizer::from_file(dir + "/tokenizer.json");
 //   std::vector<int64_t> ids = tok.encode("Hello world");   // with the post-processor's BOS
 //   std::string text = tok.decode(ids, /*skip_special=*/true);
 //
 // What it reads: model BPE (vocab, merges as "a b" or ["a", "b"], ignore_merges); the added
-// tokens (matched literally in the text before anything else, special or not); the
-// pre-tokenizer ByteLevel (GPT-2's regex when use_regex, add_prefix_space) or a Sequence of
-// Split (a regex, behavior Isolated) and ByteLevel; normalizer none; post-processor none,
-// ByteLevel, TemplateProcessing (its "single" template) or a Sequence of them; decoder ByteLevel.
-// Anything else (SentencePiece-style Metaspace and byte fallback, WordPiece, normalizers such
-// as NFC) is refused by name at load: InvalidArgument, never a silently different encoding.
+// tokens (matched literally in the text before anything else, longest first, special or not);
+// the pre-tokenizer ByteLevel (GPT-2's regex when use_regex) or a Sequence of Splits (a regex,
+// behavior Isolated) and one ByteLevel; normalizer none; post-processor none, ByteLevel,
+// TemplateProcessing (its "single" template) or a Sequence of them; decoder ByteLevel. Anything
+// else is refused by name at load (InvalidArgument, never a silently different encoding):
+// normalizers (Qwen2's NFC), other pre-tokenizers (SmolLM2's Digits, Metaspace), byte
+// fallback, WordPiece and Unigram, ByteLevel's add_prefix_space, added tokens with lstrip,
+// rstrip or single_word, BPE dropout and subword prefixes or suffixes. Known differences: none
+// on the tested texts; PCRE2's \s also matches U+180E, which the tokenizers library's regex
+// engine does not; merging is quadratic in a piece's length (long runs of one script without
+// spaces are slow).
 #pragma once
 
 #include <cstdint>
@@ -35,15 +41,19 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  // The ids of `text` (UTF-8); with add_special, the post-processor's tokens around them
-  // (Llama 3's <|begin_of_text|>), as tokenizers' encode(text, add_special_tokens=True).
+  // The ids of `text` (valid UTF-8, else InvalidArgument); with add_special, the
+  // post-processor's tokens around them (Llama 3's <|begin_of_text|>), as tokenizers'
+  // encode(text, add_special_tokens=True).
   std::vector<int64_t> encode(std::string_view text, bool add_special = true) const;
-  // The text of `ids`; added tokens as their content unless they are special and skip_special.
-  // InvalidArgument for an id outside the vocabulary.
+  // The text of `ids`; added tokens as their content unless they are special and skip_special;
+  // bytes that do not form UTF-8 (a character cut by the last id) become U+FFFD, as tokenizers
+  // decodes. InvalidArgument for an id outside the vocabulary.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special = false) const;
   // One more than the largest id (the vocabulary with the added tokens).
   int64_t vocab_size() const;
   std::optional<int64_t> token_to_id(const std::string& token) const;
+  // The post-processor's ids before a sequence (empty without one).
+  const std::vector<int64_t>& prefix_ids() const;
 
  private:
   struct Impl;
