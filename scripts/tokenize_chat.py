@@ -153,6 +153,16 @@ def main(argv=None):
     print(f"{count} conversations, {len(ids)} tokens ({dtype}), {int(mask.sum())} counted "
           f"({100 * mask.mean():.1f}%: {'every token' if a.train_on_prompt else 'assistant turns'}); "
           f"wrote train.bin and train.mask in {a.out_dir} ({time.perf_counter() - t0:.1f}s)")
+    # Packing: when every conversation starts with one token (the template's begin-of-text) that
+    # appears nowhere else, train_llama --document-start-id keeps each conversation to itself.
+    first = {int(c[0]) for c in all_ids}
+    if len(first) == 1:
+        start = first.pop()
+        if int((ids == start).sum()) == count:
+            print(f"every conversation starts with token {start} "
+                  f"({tokenizer.convert_ids_to_tokens(start)}) and nothing else does: "
+                  f"train_llama --document-start-id {start} packs them (positions restart, "
+                  f"attention stays inside each)")
 
 
 if __name__ == "__main__":

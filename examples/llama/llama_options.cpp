@@ -106,6 +106,13 @@ std::string check(const Options& o) {
     if (!exists(t)) return fmt::format("--tokenizer {}: no such file or directory", t);
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
+  if (o.document_start) {
+    const int64_t vocab = model_config(o).vocab_size;
+    if (*o.document_start < 0 || *o.document_start >= vocab) {
+      return fmt::format("--document-start-id {} is not a token id of the model (0 to {})",
+                         *o.document_start, vocab - 1);
+    }
+  }
   if (!o.export_adapter.empty()) {
     if (!o.lora.enabled()) return "--export-adapter needs LoRA adapters (--lora-rank R)";
     if (exists(o.export_adapter)) {
@@ -219,6 +226,12 @@ ParseResult parse_options(int argc, char** argv, int world) {
                "one, as transformers' generate: generation_config.json's, else config.json's)");
   app.add_flag("--no-cache", o.no_cache,
                "--generate-ids without the cache: the whole sequence in every forward");
+  app.add_option("--document-start-id", o.document_start,
+                 "Packing: every occurrence of this token id (a chat template's begin-of-text, "
+                 "which tokenize_chat.py prints) starts a document: positions restart at 0 and "
+                 "attention stays inside each document, in training and validation windows "
+                 "(transformers' position_ids with a block-diagonal causal mask). Without it "
+                 "a window's tokens all attend to the ones before them");
   app.add_option("--lora-rank", o.lora.rank,
                  "LoRA: train low-rank adapters of this rank on --lora-targets, every other "
                  "parameter frozen (PEFT's LoraConfig r; 0: full fine-tuning)")

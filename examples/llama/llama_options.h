@@ -22,6 +22,8 @@ struct Options {
   std::string loss_mask;      // one byte per training token: 1 counts as a target
   std::string val_loss_mask;  // the same for --val-tokens
   std::string tokens_dtype = "uint16";
+  // Packing: positions restart and attention stays within each document at this token id.
+  std::optional<int64_t> document_start;
   std::string export_hf;  // after training, a Hugging Face directory of the model
   std::string export_dtype = "fp32";
   std::vector<std::string> tokenizer;  // tokenizer files (or a directory) copied into it

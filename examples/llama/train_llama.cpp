@@ -119,6 +119,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     shard_root(b.model);
   }
   if (!o.lora_adapter.empty()) ll::load_peft_adapter(o.lora_adapter, *b.model, o.lora, dist.group);
+  if (o.document_start) b.model->model->set_document_start(*o.document_start);
   return b;
 }
 

@@ -23,7 +23,8 @@ fail=0
 head -n 260 "$tmp/chats.jsonl" > "$tmp/train.jsonl"
 tail -n 40 "$tmp/chats.jsonl" > "$tmp/held_out.jsonl"
 "$py" "$root/scripts/tokenize_chat.py" "$tmp/train.jsonl" --tokenizer "$tmp/model" \
-  --out-dir "$tmp/data" || exit 1
+  --out-dir "$tmp/data" > "$tmp/tokenize.log" || { cat "$tmp/tokenize.log"; exit 1; }
+cat "$tmp/tokenize.log"
 "$py" "$root/scripts/tokenize_chat.py" "$tmp/held_out.jsonl" --tokenizer "$tmp/model" \
   --out-dir "$tmp/val" > /dev/null || exit 1
 # The mask counts the assistant turns' text and end-of-turn tokens, and nothing of the prompts.
@@ -73,6 +74,25 @@ want, got = load(sys.argv[1]), load(sys.argv[2])
 worst = max(abs(g - w) / abs(w) for w, g in zip(want, got))
 print(f"--grad-accum 2: worst relative difference {worst:.2e} against the reference without it")
 sys.exit(0 if len(got) == len(want) and worst <= 1e-5 else 1)
+PY
+# Packed: each conversation starts with <|begin_of_text|> (tokenize_chat.py says its id), so
+# --document-start-id keeps every conversation to itself; transformers with position_ids that
+# restart and a block-causal mask gives the same losses.
+start=$(sed -n 's/^every conversation starts with token \([0-9]*\) .*/\1/p' "$tmp/tokenize.log")
+[ -n "$start" ] || { echo "FAILED: tokenize_chat.py named no document start"; fail=1; start=0; }
+"$py" "$ref/hf_llama.py" train "${common[@]}" --world 2 --mode fsdp2 --document-start-id "$start" \
+  --metrics-out "$tmp/ref_packed.jsonl" > "$tmp/ref_packed.log" 2>&1 || { cat "$tmp/ref_packed.log"; exit 1; }
+"${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --threads 1 --optimizer fused-adamw --document-start-id "$start" \
+  --metrics-out "$tmp/packed.jsonl" > "$tmp/packed.log" 2>&1 || { cat "$tmp/packed.log"; exit 1; }
+"$py" - "$tmp/ref_packed.jsonl" "$tmp/packed.jsonl" "$tmp/cpp.jsonl" <<'PY' || fail=1
+import json, sys
+load = lambda p: [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+want, got, unpacked = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+worst = max(abs(g - w) / abs(w) for w, g in zip(want, got))
+moved = max(abs(g - u) / abs(u) for u, g in zip(unpacked, got))
+print(f"packed conversations: worst relative difference {worst:.2e} against transformers + FSDP2 "
+      f"(packing itself changes the losses by up to {moved:.2e})")
+sys.exit(0 if len(got) == len(want) == 10 and worst <= 1e-5 and moved > 1e-4 else 1)
 PY
 "$py" - "$tmp/ref.jsonl" "$tmp/cpp.jsonl" <<'PY' || fail=1
 import json, sys

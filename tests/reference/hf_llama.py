@@ -172,6 +172,19 @@ def transformers_logits(model, inputs):
     return model(input_ids=inputs, use_cache=False).logits.float()
 
 
+def packed_arguments(inputs, start_id):
+    """Packing as a collator does it: position_ids restarting at every `start_id` (and at the
+    window's first token) and a 4-D boolean mask [batch, 1, seq, seq] that is causal within each
+    document, for model(input_ids, position_ids=..., attention_mask=...)."""
+    batch, seq = inputs.shape
+    index = torch.arange(seq).expand(batch, seq)
+    starts = inputs == start_id
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    document = starts.long().cumsum(dim=1)
+    mask = (document[:, :, None] == document[:, None, :]) & torch.ones(seq, seq, dtype=torch.bool).tril()
+    return dict(position_ids=index - first, attention_mask=mask[:, None])
+
+
 def load_mlx(hf_dir):
     """mlx_lm's llama in fp32. tie_word_embeddings, rope_theta and rope_scaling are passed
     explicitly: mlx_lm defaults tie_word_embeddings to True (transformers to False) and reads
@@ -479,7 +492,8 @@ def train_worker(rank, world, a, done):
                                      mask)
         opt.zero_grad(set_to_none=True)
         with loss_context():
-            logits = model(input_ids=inputs, use_cache=False).logits
+            packed = {} if a.document_start_id is None else packed_arguments(inputs, a.document_start_id)
+            logits = model(input_ids=inputs, use_cache=False, **packed).logits
             if mask is not None and not bool((targets != -100).any()):
                 loss = logits.sum() * 0  # nothing counted: zero, as the trainer does
             else:
@@ -581,6 +595,8 @@ def cmd_train(a):
                    f"(world / tp) the global --batch {a.batch}")
     if a.tp > 1 and (a.val_tokens or a.save_final):
         raise Fail("--tp trains only here: no --val-tokens or --save-final")
+    if a.document_start_id is not None and a.val_tokens:
+        raise Fail("--document-start-id packs the training windows only (no --val-tokens)")
     if a.lora_adapter and (a.tp > 1 or a.save_final):
         raise Fail("--lora-adapter trains without --tp and --save-final")
     if a.tp > 1 and a.mode != "fsdp2":
@@ -809,6 +825,9 @@ def parser():
     t.add_argument("--eval-batch", type=int, default=8)
     t.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     t.add_argument("--port", type=int, help="gloo rendezvous port (default: a free one)")
+    t.add_argument("--document-start-id", type=int,
+                   help="packing: positions restart and attention stays within each document at "
+                        "this token id (position_ids and a 4-D block-causal attention mask)")
     t.add_argument("--lora-adapter", help="PEFT adapter directory (make-lora): train its "
                    "adapters on the frozen model")
     t.add_argument("--tp", type=int, default=1,

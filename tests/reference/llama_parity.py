@@ -108,6 +108,15 @@ def check_losses(a, tmp, hf_dir, train, val, env):
         run([sys.executable, HF_LLAMA, "make-lora", f"--hf-dir={hf_dir}", f"--out={adapter}",
              f"--rank={a.lora_rank}", "--alpha=8", f"--targets={a.lora_targets}", "--seed=5"], env)
         common.append(f"--lora-adapter={adapter}")
+    if a.pack:
+        # Documents of 5 to 60 tokens, each starting with token 0 (a begin-of-text id), packed
+        # into the windows: positions restart and attention stays inside each on both sides.
+        tokens = np.fromfile(train, dtype="<u2")
+        rng = np.random.default_rng(4)
+        at = np.cumsum(rng.integers(5, 61, len(tokens) // 5))
+        tokens[at[at < len(tokens)]] = 0
+        tokens.tofile(train)
+        common.append("--document-start-id=0")
     if a.loss_mask:
         mask = os.path.join(tmp, "train.mask")
         write_mask(mask, 20000, seed=3)
@@ -135,6 +144,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
         sys.exit(f"expected {a.steps} losses, got {len(want)} ({ref_name}), {len(got)} ({other_name})")
 
     print(f"{'tied' if a.tied else 'untied'} head{', loss mask' if a.loss_mask else ''}"
+          f"{', packed documents' if a.pack else ''}"
           f"{f', LoRA rank {a.lora_rank} on {a.lora_targets}' if a.lora else ''}, "
           f"{ref_name} against {other_name}")
     print(f"{'step':>4} {'lr':>12} {ref_name:>24} {other_name:>24} {'rel err':>10}")
@@ -219,6 +229,9 @@ def main():
     p.add_argument("--loss-mask", action="store_true",
                    help="train on a chat-like loss mask (--loss-mask on both sides: targets "
                         "outside the counted spans are -100)")
+    p.add_argument("--pack", action="store_true",
+                   help="packed documents: token 0 starts one every 5..60 tokens; both sides "
+                        "restart positions and keep attention inside each (--document-start-id 0)")
     p.add_argument("--lora", action="store_true",
                    help="LoRA: PEFT's adapters (hf_llama.py make-lora) trained on the frozen "
                         "model on both sides (--lora-adapter)")

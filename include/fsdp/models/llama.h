@@ -140,7 +140,10 @@ class AttentionImpl : public torch::nn::Module {
   // set (set_cache), x is the tokens after the cached ones (cos and sin at their positions):
   // their keys and values join the cache and each token attends to every cached one and to
   // those before it.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // `documents` (packing, LlamaModelImpl::set_document_start): [batch, 1, seq, seq], true where
+  // a query may attend to a key; undefined: causal. cos and sin are then [batch, seq, ...].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& documents = {});
   // The cache the next forwards read and extend; null: none (training).
   void set_cache(LayerCache* cache) { cache_ = cache; }
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -168,8 +171,10 @@ TORCH_MODULE(MLP);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const Config& config, const BuildOptions& options);
-  // x [batch, seq, hidden]; cos, sin from rotary_cos_sin in x's dtype.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [batch, seq, hidden]; cos, sin from rotary_cos_sin in x's dtype; documents: as
+  // AttentionImpl's.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& documents = {});
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -218,6 +223,11 @@ class LlamaModelImpl : public torch::nn::Module {
   // LayerCache per layer; `tokens` are the ones after its `*cached` tokens, whose count the
   // forward advances); null turns it off.
   void set_cache(std::vector<LayerCache>* cache, int64_t* cached);
+  // Packing: the forwards without a cache treat every occurrence of `id` (a chat template's
+  // begin-of-text token) as the start of a document: positions restart at 0 there and
+  // attention stays inside each document, as transformers computes with position_ids that
+  // restart and a block-diagonal causal mask. nullopt: off (the default).
+  void set_document_start(std::optional<int64_t> id) { document_start_ = id; }
 
   Embedding embed_tokens{nullptr};
   // The layers, registered as the children "0", "1", ... of a ModuleList named "layers".
@@ -229,6 +239,7 @@ class LlamaModelImpl : public torch::nn::Module {
   torch::Tensor inv_freq_;  // the rotary inverse frequencies, fp32 [head_size / 2]
   std::vector<LayerCache>* cache_ = nullptr;
   int64_t* cached_ = nullptr;
+  std::optional<int64_t> document_start_;
 };
 TORCH_MODULE(LlamaModel);
 

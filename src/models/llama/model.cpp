@@ -272,7 +272,7 @@ AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& cos,
-                                     const torch::Tensor& sin) {
+                                     const torch::Tensor& sin, const torch::Tensor& documents) {
   // Under tensor parallelism each rank has heads / tp query heads and kv_heads / tp key/value
   // heads (validate_tp): the same groups, so the same attention per head.
   const auto x = to_column_input(x_in, tp_, sequence_parallel_);
@@ -311,12 +311,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   // Causal: after cached tokens the kernel's is_causal (aligned top-left) is wrong, so query i
   // gets an explicit mask of the keys up to past + i; one new token sees every key.
   std::optional<torch::Tensor> mask;
-  if (past > 0 && seq > 1) {
+  if (documents.defined()) {
+    mask = documents;  // packed documents: causal within each
+  } else if (past > 0 && seq > 1) {
     mask = torch::ones({seq, past + seq}, torch::TensorOptions(torch::kBool).device(q.device()))
                .tril(past);
   }
   auto out = at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
-                                              /*is_causal=*/past == 0 && seq > 1, scale,
+                                              /*is_causal=*/!mask && past == 0 && seq > 1, scale,
                                               /*enable_gqa=*/gqa);
   out = out.transpose(1, 2).contiguous().reshape({batch, seq, -1});
   return o_proj(out);
@@ -350,8 +352,8 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, const BuildOptions& o) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                        const torch::Tensor& sin) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin);
+                                        const torch::Tensor& sin, const torch::Tensor& documents) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, documents);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -385,13 +387,31 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
   if (inv_freq_.device() != h.device()) inv_freq_ = inv_freq_.to(h.device());
   const int64_t past = cache_ ? *cached_ : 0, seq = tokens.size(1);
   auto [cos, sin] = cos_sin_of(inv_freq_, past + seq, h.scalar_type());
+  // Packed documents (set_document_start; training and evaluation, not generation): every
+  // occurrence of the start id begins a document whose positions count from 0 and whose
+  // tokens attend only to the document's earlier tokens. The window's first token starts one
+  // too (a document cut by the window counts from there, as a packing collator's would).
+  torch::Tensor documents;
+  if (document_start_ && !cache_) {
+    auto index = torch::arange(seq, tokens.options()).expand({tokens.size(0), seq});
+    auto starts = tokens.eq(*document_start_);
+    auto first = std::get<0>(torch::where(starts, index, torch::zeros_like(index)).cummax(1));
+    auto positions = index - first;
+    auto document = starts.to(torch::kLong).cumsum(1);
+    documents = document.unsqueeze(2)
+                    .eq(document.unsqueeze(1))
+                    .logical_and(torch::ones({seq, seq}, starts.options()).tril())
+                    .unsqueeze(1);            // [batch, 1, seq, seq]: true where a query sees a key
+    cos = cos.squeeze(0).index({positions});  // [batch, seq, head_size]
+    sin = sin.squeeze(0).index({positions});
+  }
   if (past > 0) {
     cos = cos.narrow(1, past, seq);
     sin = sin.narrow(1, past, seq);
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     layers[i]->self_attn->set_cache(cache_ ? &(*cache_)[i] : nullptr);
-    h = layers[i](h, cos, sin);
+    h = documents.defined() ? layers[i](h, cos, sin, documents) : layers[i](h, cos, sin);
   }
   if (cache_) *cached_ += seq;
   return norm(h);
