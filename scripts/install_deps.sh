@@ -26,6 +26,7 @@ packages=(
   iproute2              # `ip netns`: the multi-host test's namespace "hosts"
   ccache                # keeps compiled objects across builds (used when present)
   libpcre2-dev          # the tokenizer's pre-tokenizer regexes (Unicode properties)
+  libutf8proc-dev       # the tokenizer's NFC normalizer (Qwen2's)
 )
 python_packages=(
   "torch==${torch_version}"

@@ -6,9 +6,11 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
 #include <pcre2.h>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -129,6 +131,20 @@ std::string utf8_lossy(const std::string& s) {
   return out;
 }
 
+// Unicode's canonical composition (NFC), as the tokenizers library's NFC normalizer.
+std::string nfc(const std::string& s) {
+  utf8proc_uint8_t* out = nullptr;
+  const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                              static_cast<utf8proc_ssize_t>(s.size()), &out,
+                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) {
+    throw InvalidArgument(fmt::format("tokenizer: NFC failed: {}", utf8proc_errmsg(n)));
+  }
+  std::string result(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return result;
+}
+
 // A compiled PCRE2 pattern (UTF, Unicode properties) that splits text into its matches and
 // the stretches between them (tokenizers' Split with behavior Isolated).
 class Regex {
@@ -208,6 +224,20 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, int64_t>> added;
   std::vector<std::unique_ptr<bpe_detail::Regex>> splits;  // applied in order
   int byte_levels = 0;  // ByteLevel pre-tokenizers seen (exactly one is supported)
+  bool nfc = false;     // the normalizer: NFC (Qwen2's) or none
+
+  void read_normalizer(const nlohmann::json& n) {
+    if (n.is_null()) return;
+    const auto type = n.value("type", "");
+    if (type == "Sequence") {
+      for (const auto& m : n.at("normalizers")) read_normalizer(m);
+    } else if (type == "NFC") {
+      nfc = true;
+    } else {
+      throw InvalidArgument(
+          fmt::format("normalizer {} is not supported (NFC is)", bpe_detail::dump_short(n)));
+    }
+  }
   std::vector<std::string> byte_char = bpe_detail::byte_chars();
   std::unordered_map<std::string, unsigned char> char_byte;
   std::vector<int64_t> prefix, suffix;  // the post-processor's ids around a sequence
@@ -226,6 +256,10 @@ struct Tokenizer::Impl {
       if (p.value("use_regex", true)) {
         splits.push_back(std::make_unique<bpe_detail::Regex>(bpe_detail::kGpt2Pattern));
       }
+    } else if (type == "Digits") {
+      // SmolLM2's: every digit its own piece (individual_digits), or each run of digits.
+      splits.push_back(std::make_unique<bpe_detail::Regex>(
+          p.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)"));
     } else if (type == "Split") {
       const auto& pattern = p.at("pattern");
       if (p.value("behavior", "") != "Isolated" || p.value("invert", false) ||
@@ -238,7 +272,8 @@ struct Tokenizer::Impl {
       splits.push_back(std::make_unique<bpe_detail::Regex>(pattern.at("Regex").get<std::string>()));
     } else {
       throw InvalidArgument(fmt::format(
-          "tokenizer: pre-tokenizer {} is not supported (ByteLevel, Split and Sequence are)",
+          "tokenizer: pre-tokenizer {} is not supported (ByteLevel, Split, Digits and Sequence "
+          "are)",
           dump_short(p)));
     }
   }
@@ -314,7 +349,7 @@ struct Tokenizer::Impl {
   }
 
   void encode_plain(const std::string& text, std::vector<int64_t>& out) const {
-    std::vector<std::string> pieces = {text};
+    std::vector<std::string> pieces = {nfc ? bpe_detail::nfc(text) : text};
     for (const auto& r : splits) {
       std::vector<std::string> next;
       for (const auto& p : pieces) {
@@ -357,10 +392,7 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
           "byte_fallback are not supported: a tokenizer.model goes through SentencePiece)",
           dump_short(model).substr(0, 60)));
     }
-    if (!j.value("normalizer", nlohmann::json()).is_null()) {
-      throw InvalidArgument(
-          fmt::format("normalizer {} is not supported", dump_short(j["normalizer"])));
-    }
+    impl->read_normalizer(j.value("normalizer", nlohmann::json()));
     const auto& decoder = j.value("decoder", nlohmann::json());
     if (decoder.is_null() || decoder.value("type", "") != "ByteLevel") {
       throw InvalidArgument(

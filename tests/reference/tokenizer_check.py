@@ -3,8 +3,9 @@ that gives the text back, on texts with ASCII, accents, CJK, emoji, digits, cont
 of spaces and newlines and the special tokens written out. Two byte-level BPEs trained here
 offline: GPT-2's form (ByteLevel with its regex: make_chat_tokenizer.py's, as SmolLM2 ships) and
 Llama 3's (Split by Llama 3's regex, then ByteLevel without one; a TemplateProcessing that adds
-<|begin_of_text|>; ignore_merges). A tokenizer with a normalizer the C++ side does not
-implement must be refused by name.
+<|begin_of_text|>; ignore_merges), SmolLM2's (Digits one by one, then GPT-2's ByteLevel) and
+Qwen2's (an NFC normalizer, Split by its regex). Settings the C++ side does not implement (an
+NFKC normalizer, add_prefix_space, no decoder, lstrip) must be refused by name.
 
   python tokenizer_check.py --cpp build/bin/tokenizer_encode
 Exits 0 when every id agrees, 1 otherwise.
@@ -12,6 +13,8 @@ Exits 0 when every id agrees, 1 otherwise.
 import argparse, json, os, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
                   r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -32,6 +35,8 @@ TEXTS = [
     "a",
     "ends in an emoji 🙂",  # without its last id, a character cut half-way (U+FFFD)
     "中",
+    "decomposed: Cafe\u0301 nai\u0308ve A\u030a",  # NFC composes these (Qwen2's normalizer)
+    "digits 20261202 and 3.14",
 ]
 
 
@@ -45,9 +50,19 @@ def corpus():
 
 def train(kind, out):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE(ignore_merges=(kind == "llama3")))
+    from tokenizers import normalizers
+    tok = Tokenizer(models.BPE(ignore_merges=(kind in ("llama3", "qwen2"))))
     if kind == "gpt2":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif kind == "smollm2":  # SmolLM2's: every digit alone, then GPT-2's ByteLevel
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    elif kind == "qwen2":  # Qwen2's: NFC, its regex (single digits), ByteLevel without one
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
@@ -77,7 +92,7 @@ def main():
         texts = TEXTS + [open("/usr/share/common-licenses/GPL-3").read()[:5000]]
         with open(texts_path, "w") as f:
             json.dump(texts, f)
-        for kind in ("gpt2", "llama3"):
+        for kind in ("gpt2", "llama3", "smollm2", "qwen2"):
             path = os.path.join(tmp, f"{kind}.json")
             tok = train(kind, path)
             for special in (True, False):
@@ -110,7 +125,7 @@ def main():
                 ok = ok and not bad
         # Refused by name: a normalizer the C++ tokenizer does not implement.
         spec = json.load(open(os.path.join(tmp, "gpt2.json")))
-        refused = [("normalizer", dict(spec, normalizer={"type": "NFC"})),
+        refused = [("normalizer", dict(spec, normalizer={"type": "NFKC"})),
                    ("add_prefix_space", dict(spec, pre_tokenizer=dict(spec["pre_tokenizer"],
                                                                       add_prefix_space=True))),
                    ("decoder", dict(spec, decoder=None)),

@@ -1,6 +1,6 @@
-// A Hugging Face tokenizer.json in C++: the byte-level BPE of GPT-2 and Llama 3, encoding and
-// decoding as the `tokenizers` library does (the ids and texts are checked against it by
-// tests/reference/tokenizer_check.py on GPT-2- and Llama-3-style tokenizers trained offline; no
+// A Hugging Face tokenizer.json in C++: the byte-level BPE of GPT-2, Llama 3, SmolLM2 and Qwen2,
+// encoding and decoding as the `tokenizers` library does (the ids and texts are checked against
+// it by tests/reference/tokenizer_check.py on tokenizers of those four forms trained offline; no
 // published model's file was available to test), so that a C++ program turns text into a
 // model's ids and back without Python. Thread-safe (encode and decode are const).
 //
@@ -11,10 +11,11 @@
 // What it reads: model BPE (vocab, merges as "a b" or ["a", "b"], ignore_merges); the added
 // tokens (matched literally in the text before anything else, longest first, special or not);
 // the pre-tokenizer ByteLevel (GPT-2's regex when use_regex) or a Sequence of Splits (a regex,
-// behavior Isolated) and one ByteLevel; normalizer none; post-processor none, ByteLevel,
+// behavior Isolated), Digits and one ByteLevel; normalizer none or NFC (utf8proc; applied to
+// the text between added tokens); post-processor none, ByteLevel,
 // TemplateProcessing (its "single" template) or a Sequence of them; decoder ByteLevel. Anything
 // else is refused by name at load (InvalidArgument, never a silently different encoding):
-// normalizers (Qwen2's NFC), other pre-tokenizers (SmolLM2's Digits, Metaspace), byte
+// other normalizers (NFKC, Lowercase, ...), other pre-tokenizers (Metaspace, Whitespace), byte
 // fallback, WordPiece and Unigram, ByteLevel's add_prefix_space, added tokens with lstrip,
 // rstrip or single_word, BPE dropout and subword prefixes or suffixes. Known differences: none
 // on the tested texts; PCRE2's \s also matches U+180E, which the tokenizers library's regex
