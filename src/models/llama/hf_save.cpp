@@ -12,9 +12,7 @@
 //     it on any error.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -27,6 +25,7 @@
 #include "fsdp/models/hf_checkpoint.h"
 #include "llama/hf_files.h"
 #include "llama/lora_merge.h"
+#include "llama/staged_directory.h"
 #include "model_check.h"
 
 namespace fsdp::models::llama {
@@ -156,11 +155,6 @@ std::string index_json(const std::vector<PlannedFile>& files, torch::ScalarType 
   return j.dump(2) + "\n";
 }
 
-std::string temporary_name(const std::string& dir) {
-  static std::atomic<int> counter{0};
-  return fmt::format("{}.tmp-{}-{}", dir, ::getpid(), counter++);
-}
-
 }  // namespace
 
 const std::vector<std::string>& tokenizer_file_names() {
@@ -193,11 +187,7 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
   // (1) Checks and the plan.
   agree_on<CheckpointError>(*world, what, [&] {
     if (dir.empty()) throw CheckpointError("the directory name is empty");
-    const auto t = options.dtype;
-    if (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf) {
-      throw CheckpointError(
-          fmt::format("dtype {} is not one of float32, bfloat16, float16", c10::toString(t)));
-    }
+    detail::check_export_dtype(options.dtype);
     if (options.max_shard_bytes <= 0) {
       throw CheckpointError(
           fmt::format("max_shard_bytes is {}, expected > 0", options.max_shard_bytes));
@@ -211,16 +201,10 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
       if (const tp::TpSlice* slice = layout.slice_of(name)) s.global_shape = slice->full;
     }
     if (writer) {
-      if (io::path_exists(dir) && (!io::is_directory(dir) || !io::list_directory(dir).empty())) {
-        throw CheckpointError(fmt::format(
-            "{} exists and is not an empty directory: nothing a user saved is overwritten", dir));
-      }
+      detail::check_new_directory(dir);
       copies = tokenizer_copies(options.tokenizer_files);
       files = plan_files(state, options.dtype, options.max_shard_bytes);
-      io::make_directories(io::parent_directory(dir));
-      tmp = temporary_name(dir);
-      io::remove_tree(tmp);
-      io::make_directories(tmp);
+      tmp = detail::make_staging_directory(dir);
     }
   });
 
@@ -280,21 +264,16 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
     }
   } catch (...) {
     // A failed gather (a communication error): nothing to agree on; leave nothing behind.
-    if (writer && !tmp.empty()) {
-      try {
-        out.reset();
-        io::remove_tree(tmp);
-      } catch (const std::exception&) {
-        // The gather's error is the one to report.
-      }
-    }
+    out.reset();
+    detail::discard_staged(tmp);
     throw;
   }
 
   // (3) The small files, then the directory into place.
   agree_on<CheckpointError>(*world, what, [&] {
     if (!writer) return;
-    try {
+    out.reset();  // an unfinished file of a failed write, closed before its directory goes
+    detail::publish_staged(tmp, dir, [&] {
       if (!error.empty()) throw CheckpointError(error);
       if (file != files.size()) {
         throw CheckpointError(fmt::format("{} of {} files written", file, files.size()));
@@ -307,17 +286,7 @@ void save_hf_checkpoint(const std::string& dir_in, const torch::nn::Module& mode
       io::write_file(tmp + "/config.json", to_hf_json(written));
       io::write_file(tmp + "/generation_config.json", to_generation_json(config));
       for (const auto& [from, name] : copies) io::copy_file(from, tmp + "/" + name);
-      io::publish(tmp, dir);
-    } catch (const std::exception& e) {
-      std::string message = e.what();
-      try {
-        out.reset();
-        io::remove_tree(tmp);
-      } catch (const std::exception& removing) {
-        message += fmt::format(" (and removing {} failed: {})", tmp, removing.what());
-      }
-      throw CheckpointError(message);
-    }
+    });
   });
 }
 

@@ -1,10 +1,8 @@
 // LoRA's checks and PEFT's adapter directories (llama_lora.h, lora_options.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -18,6 +16,7 @@
 #include "fsdp/io/safetensors.h"
 #include "fsdp/models/llama_lora.h"
 #include "llama/lora_merge.h"
+#include "llama/staged_directory.h"
 #include "model_check.h"
 
 namespace fsdp::models {
@@ -66,11 +65,6 @@ std::pair<int64_t, int64_t> target_dims(const Config& c, const std::string& targ
   if (target == "o_proj") return {c.q_size(), d};
   if (target == "down_proj") return {i, d};
   return {d, i};  // gate_proj, up_proj
-}
-
-std::string staging_name(const std::string& dir) {
-  static std::atomic<int> counter{0};
-  return fmt::format("{}.tmp-{}-{}", dir, ::getpid(), counter++);
 }
 
 // What adapter_config.json says, in PEFT's keys.
@@ -264,22 +258,12 @@ void save_peft_adapter(const std::string& dir_in, const torch::nn::Module& model
   std::string tmp;
   agree_on<CheckpointError>(*world, what, [&] {
     if (dir.empty()) throw CheckpointError("the directory name is empty");
-    const auto t = options.dtype;
-    if (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf) {
-      throw CheckpointError(
-          fmt::format("dtype {} is not one of float32, bfloat16, float16", c10::toString(t)));
-    }
+    detail::check_export_dtype(options.dtype);
     const auto problems = peft_files::adapter_problems(model, lora);
     if (!problems.empty()) throw CheckpointError(fmt::format("{}", fmt::join(problems, "; ")));
     if (writer) {
-      if (io::path_exists(dir) && (!io::is_directory(dir) || !io::list_directory(dir).empty())) {
-        throw CheckpointError(fmt::format(
-            "{} exists and is not an empty directory: nothing a user saved is overwritten", dir));
-      }
-      io::make_directories(io::parent_directory(dir));
-      tmp = peft_files::staging_name(dir);
-      io::remove_tree(tmp);
-      io::make_directories(tmp);
+      detail::check_new_directory(dir);
+      tmp = detail::make_staging_directory(dir);
     }
   });
   // The adapters are small (rank x dims per Linear): rank 0 keeps them all, then writes one file.
@@ -294,31 +278,16 @@ void save_peft_adapter(const std::string& dir_in, const torch::nn::Module& model
       adapters.emplace_back(peft_files::kPrefix + name, t.contiguous());
     });
   } catch (...) {
-    if (writer && !tmp.empty()) {
-      try {
-        io::remove_tree(tmp);
-      } catch (const std::exception&) {
-        // The gather's error is the one to report.
-      }
-    }
+    detail::discard_staged(tmp);  // a failed gather: nothing to agree on, nothing left behind
     throw;
   }
   agree_on<CheckpointError>(*world, what, [&] {
     if (!writer) return;
-    try {
+    detail::publish_staged(tmp, dir, [&] {
       write_safetensors(tmp + "/" + peft_files::kWeightsFile, adapters, {{"format", "pt"}});
       io::write_file(tmp + "/" + peft_files::kConfigFile,
                      peft_files::config_json(lora, options).dump(2) + "\n");
-      io::publish(tmp, dir);
-    } catch (const std::exception& e) {
-      std::string message = e.what();
-      try {
-        io::remove_tree(tmp);
-      } catch (const std::exception& removing) {
-        message += fmt::format(" (and removing {} failed: {})", tmp, removing.what());
-      }
-      throw CheckpointError(message);
-    }
+    });
   });
 }
 
