@@ -33,7 +33,6 @@
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
-LLAMA_CPP_PYTHON=0.3.36
 EXECUTORCH=1.2.0 TORCHAO=0.17.0
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
@@ -68,7 +67,7 @@ python3 -c "import sys; float(sys.argv[1])" "$expect" 2>/dev/null || die "EXPECT
 [ -z "$tokenizer" ] || [ -f "$tokenizer" ] || die "tokenizer not found: $tokenizer"
 
 venv="$FSDP_VENV"
-cache="${FSDP_CACHE:-$HOME/.cache/fsdp-cpp}"
+cache="$FSDP_CACHE"
 py="$venv/bin/python"
 [ -x "$py" ] || die "no venv at $venv (scripts/install_deps.sh makes it)"
 "$py" -c "import torch, transformers, safetensors, sentencepiece" 2>/dev/null ||
@@ -83,12 +82,8 @@ since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1
 
 if [ "$skip_llamacpp" = 0 ]; then
   lc="$cache/llama-cpp"; mkdir -p "$lc/wheels"
-  sdist="$lc/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz"
-  if [ ! -f "$sdist" ]; then
-    echo "== downloading llama-cpp-python $LLAMA_CPP_PYTHON (source, vendors llama.cpp)"
-    "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$lc" ||
-      die "pip download of llama-cpp-python $LLAMA_CPP_PYTHON failed"
-  fi
+  sdist="$LLAMA_CPP_SDIST"
+  fsdp_fetch_llama_cpp_sdist "$py" || die "pip download of llama-cpp-python $LLAMA_CPP_PYTHON failed"
   wheel=$(ls "$lc/wheels/llama_cpp_python-$LLAMA_CPP_PYTHON-"*.whl 2>/dev/null | head -1 || true)
   if [ -z "$wheel" ]; then
     echo "== building llama-cpp-python $LLAMA_CPP_PYTHON (CPU; ~16-18 min on 2 busy cores; log $lc/build.log)"

@@ -7,6 +7,8 @@
 #      against: transformers, tokenizers, sentencepiece, mlx), in a virtual environment outside
 #      the source tree:
 #        FSDP_VENV (default: $HOME/.cache/fsdp-cpp/venv)
+#   3. llama-cpp-python's source release from PyPI (not installed: CMake builds llama.cpp's Jinja
+#      engine, for chat templates, from it), into $FSDP_CACHE/llama-cpp.
 #      PyPI's default Linux wheel of torch 2.11.0 is the CUDA 13.0 build (about 3 GB to download,
 #      5.5 GB installed); its CPU tensors work on machines without a GPU. CMake finds libtorch
 #      through this environment (cmake/FsdpFindTorch.cmake).
@@ -100,4 +102,15 @@ else
   }
   venv_complete || { echo "install_deps: $venv is incomplete after pip install" >&2; exit 1; }
 fi
+# llama-cpp-python's source release (76 MB): the chat-template engine is built from the llama.cpp
+# it vendors (cmake/FsdpLlamaJinja.cmake).
+if [ -f "$LLAMA_CPP_SDIST" ]; then
+  echo "install_deps: llama-cpp-python $LLAMA_CPP_PYTHON source present"
+else
+  echo "install_deps: downloading llama-cpp-python $LLAMA_CPP_PYTHON's source release (76 MB)"
+fi
+fsdp_fetch_llama_cpp_sdist "$venv/bin/python" || {
+  echo "install_deps: pip download of llama-cpp-python $LLAMA_CPP_PYTHON failed" >&2
+  exit 1
+}
 echo "install_deps: libtorch venv $venv"
