@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "fsdp/models/chat_template.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
 
@@ -48,6 +49,19 @@ std::string check(const Options& o) {
           "--generate needs the model's tokenizer.json in --hf-dir ({} has none; a model with "
           "only a SentencePiece tokenizer.model takes --generate-ids)",
           o.hf_dir.empty() ? "no --hf-dir given" : o.hf_dir);
+    }
+  }
+  if (o.chat && o.generate_text.empty()) {
+    return "--chat needs --generate TEXT: the user's message, put through the chat template";
+  }
+  if (!o.system_prompt.empty() && !o.chat) return "--system needs --chat";
+  if (o.chat) {
+    // The template is read and parsed here, before any weight is loaded: a directory without
+    // one (a base model's), or one that does not parse, is named now.
+    try {
+      (void)fsdp::models::ChatTemplate::from_directory(o.hf_dir);
+    } catch (const std::exception& e) {
+      return fmt::format("--chat: {}", e.what());
     }
   }
   if (!o.generate_ids.empty() || !o.generate_text.empty()) {
@@ -209,7 +223,14 @@ ParseResult parse_options(int argc, char** argv, int world) {
   app.add_option("--generate", o.generate_text,
                  "Instead of training: generate after this text, encoded by --hf-dir's "
                  "tokenizer.json (a byte-level BPE: fsdp/models/tokenizer.h), and print the new "
-                 "ids and their text (the chat template is not applied: give the rendered text)");
+                 "ids and their text (with --chat, the text is the user's message and the "
+                 "model's chat template is applied; without, give the rendered text)");
+  app.add_flag("--chat", o.chat,
+               "--generate's text is the user's turn: --hf-dir's chat template "
+               "(chat_template.jinja or tokenizer_config.json's) renders it, after --system's "
+               "turn, with the assistant's turn opened, as transformers' apply_chat_template("
+               "add_generation_prompt=True) does");
+  app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
   app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens --generate-ids adds at most")
       ->capture_default_str();
   app.add_option("--temperature", o.temperature,

@@ -35,6 +35,10 @@ struct Options {
   // --generate: the same after this text, encoded by --hf-dir's tokenizer.json (and the new
   // tokens decoded).
   std::string generate_text;
+  // --chat: --generate's text is the user's turn, put through --hf-dir's chat template
+  // (fsdp/models/chat_template.h) after an optional system turn.
+  bool chat = false;
+  std::string system_prompt;
   int64_t max_new_tokens = 32;
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;

@@ -13,6 +13,7 @@
 
 #include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/models/chat_template.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
@@ -219,13 +220,23 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   auto prompt = o.generate_ids;
   if (!o.generate_text.empty()) {
     tokenizer = fsdp::models::Tokenizer::from_file(o.hf_dir + "/tokenizer.json");
-    prompt = tokenizer->encode(o.generate_text);
-    // A rendered chat template starts with the BOS the post-processor adds (transformers'
-    // apply_chat_template encodes without special tokens): not twice.
-    const auto& bos = tokenizer->prefix_ids();
-    if (!bos.empty() && prompt.size() >= 2 * bos.size() &&
-        std::equal(bos.begin(), bos.end(), prompt.begin() + static_cast<int64_t>(bos.size()))) {
-      prompt.erase(prompt.begin(), prompt.begin() + static_cast<int64_t>(bos.size()));
+    if (o.chat) {
+      // As transformers' apply_chat_template(tokenize=True): the template writes every special
+      // token itself (the BOS too), so the text is encoded without the post-processor's.
+      std::vector<fsdp::models::ChatMessage> messages;
+      if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
+      messages.push_back({"user", o.generate_text});
+      const auto text = fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(messages);
+      prompt = tokenizer->encode(text, /*add_special=*/false);
+    } else {
+      prompt = tokenizer->encode(o.generate_text);
+      // A rendered chat template starts with the BOS the post-processor adds (transformers'
+      // apply_chat_template encodes without special tokens): not twice.
+      const auto& bos = tokenizer->prefix_ids();
+      if (!bos.empty() && prompt.size() >= 2 * bos.size() &&
+          std::equal(bos.begin(), bos.end(), prompt.begin() + static_cast<int64_t>(bos.size()))) {
+        prompt.erase(prompt.begin(), prompt.begin() + static_cast<int64_t>(bos.size()));
+      }
     }
     if (dist.group->rank() == 0) {
       fmt::print("prompt: {} tokens: {}\n", prompt.size(), fmt::join(prompt, " "));

@@ -8,10 +8,11 @@
 #  - a run stopped at step 5 and resumed at world 1 and at world 3 gives the uninterrupted
 #    run's losses (1e-5) and the same adapters;
 #  - greedy generation with the adapters live (world 2) equals transformers' generate on
-#    PEFT's model;
+#    PEFT's model; --generate's and --chat's prompt ids (the chat template applied in C++)
+#    equal transformers' apply_chat_template;
 #  - bad input is refused by name, nothing trained or written: a target that names no module,
 #    a rank above a weight's dimensions, flags that contradict the adapter directory,
-#    --export-adapter without LoRA.
+#    --export-adapter without LoRA, --chat without a template or with one that does not parse.
 #   lora_finetune.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -152,6 +153,23 @@ print(f"--generate decoded {text!r}" + ("" if text == want else f", transformers
 sys.exit(0 if text == want else 1)
 PY
 
+# --chat: the message goes through the directory's chat template in C++ (llama.cpp's Jinja
+# engine), after a system turn: the prompt ids equal transformers' apply_chat_template.
+cp "$tmp/tok/tokenizer_config.json" "$tmp/base/"
+[ ! -f "$tmp/tok/chat_template.jinja" ] || cp "$tmp/tok/chat_template.jinja" "$tmp/base/"
+"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --chat \
+  --system "Answer with a number." --generate "Add 12 and 30." --max-new-tokens 8 --threads 1 \
+  > "$tmp/gen_chat.log" 2>&1 || { cat "$tmp/gen_chat.log"; fail=1; }
+want_prompt="$("$py" -c "
+import sys, transformers
+t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+m = [{'role': 'system', 'content': 'Answer with a number.'}, {'role': 'user', 'content': 'Add 12 and 30.'}]
+print(' '.join(map(str, t.apply_chat_template(m, add_generation_prompt=True)['input_ids'])))" "$tmp/tok")"
+got_prompt="$(sed -n 's/^prompt: [0-9]* tokens: //p' "$tmp/gen_chat.log")"
+[ -n "$want_prompt" ] && [ "$got_prompt" = "$want_prompt" ] \
+  && echo "--chat's prompt ids equal transformers' apply_chat_template (system + user turns)" \
+  || { echo "FAILED: --chat encoded '$got_prompt', transformers '$want_prompt'"; fail=1; }
+
 expect_error() {  # expect_error NEEDLE COMMAND...
   local needle="$1"; shift
   if "$@" > "$tmp/err.log" 2>&1; then
@@ -168,7 +186,15 @@ expect_error "LoRA rank 40 is larger than k_proj's weight allows" \
   "$bin" "${plain[@]}" --lora-rank 40 --lora-targets q_proj,k_proj
 expect_error "holds rank 8 alpha 16" "$bin" "${plain[@]}" --lora-adapter "$tmp/init" --lora-rank 4
 expect_error "--export-adapter needs LoRA adapters" "$bin" "${plain[@]}"
-rm -f "$tmp/base/tokenizer.json"
+expect_error "--system needs --chat" "$bin" --hf-dir "$tmp/base" --generate "Hi" --system "x"
+expect_error "--chat needs --generate TEXT" "$bin" --hf-dir "$tmp/base" --chat
+rm -f "$tmp/base/tokenizer_config.json" "$tmp/base/chat_template.jinja"
+expect_error "has no chat template: neither chat_template.jinja nor" \
+  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat
+echo '{"chat_template": "{% for m in messages %}{{ m.content"}' > "$tmp/base/tokenizer_config.json"
+expect_error "tokenizer_config.json: the template does not parse" \
+  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat
+rm -f "$tmp/base/tokenizer.json" "$tmp/base/tokenizer_config.json"
 expect_error "--generate needs the model's tokenizer.json" "$bin" --hf-dir "$tmp/base" --generate "Hi"
 [ ! -e "$tmp/bad" ] || { echo "FAILED: a refused run wrote $tmp/bad"; fail=1; }
 exit $fail
