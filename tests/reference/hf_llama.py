@@ -10,6 +10,8 @@ can be checked against the real outside programs.
   python hf_llama.py logits --hf-dir DIR --tokens val.bin --seq 32 --count 4 --out logits.safetensors \
       [--framework transformers|mlx] [--tokens-dtype uint16|uint32]
   python hf_llama.py val-loss --framework transformers|mlx --hf-dir DIR --tokens val.bin --seq 32 [--json]
+  python hf_llama.py generate --hf-dir DIR [--lora-adapter A] (--chat TEXT [--system S] | --ids 1,2)
+      [--max-new-tokens N]
   python hf_llama.py fsdp2-grads --hf-dir DIR --data-tokens train.bin [--world 2] [--seq 32] [--batch 8]
   python hf_llama.py train --hf-dir DIR --data-tokens train.bin --seq 32 --batch 8 --steps 10 \
       --lr 1e-2 [--warmup 0] [--lr-schedule cosine|constant] [--lr-min 0] [--weight-decay 0.1] \
@@ -726,6 +728,38 @@ def cmd_val_loss(a):
         print(f"val_loss {loss:.10g} ({a.framework}, {windows} windows of {a.seq}, {took:.2f}s)")
 
 
+def cmd_generate(a):
+    """Greedy generation by transformers' generate (PEFT's model with --lora-adapter), printed as
+    train_llama prints it: the prompt ids, the new ids, their text."""
+    if (a.chat is None) == (a.ids is None):
+        raise Fail("give --chat TEXT (the user's turn, through the chat template) or --ids IDS")
+    model = load_transformers(a.hf_dir)
+    if a.lora_adapter:
+        model = load_peft(model, a.lora_adapter)
+    model = model.eval()
+    tok = None
+    if a.chat is not None:
+        import transformers
+        tok = transformers.AutoTokenizer.from_pretrained(a.hf_dir)
+        messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
+            [{"role": "user", "content": a.chat}]
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    else:
+        prompt = [int(t) for t in a.ids.split(",")]
+    ids = torch.tensor([prompt])
+    print(f"prompt: {len(prompt)} tokens: {' '.join(map(str, prompt))}")
+    with torch.no_grad():
+        # An explicit mask: a prompt may start with the id generate would take for padding.
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=a.max_new_tokens,
+                             pad_token_id=model.generation_config.pad_token_id or 0)
+    new = out[0, len(prompt):].tolist()
+    print(f"generated {len(new)} tokens (greedy, transformers{' + PEFT' if a.lora_adapter else ''}): "
+          f"{' '.join(map(str, new))}")
+    if tok is not None:
+        print(f"text: {json.dumps(tok.decode(new))}")
+
+
 def add_tokens_dtype(p):
     p.add_argument("--tokens-dtype", choices=sorted(TOKEN_DTYPES), default="uint16")
 
@@ -798,6 +832,15 @@ def parser():
     v.add_argument("--json", action="store_true")
     v.add_argument("--lora-adapter", help="PEFT adapter directory loaded onto the model")
     v.set_defaults(func=cmd_val_loss)
+
+    ge = sub.add_parser("generate", help="greedy tokens from transformers' generate")
+    ge.add_argument("--hf-dir", required=True)
+    ge.add_argument("--lora-adapter", help="PEFT adapter directory loaded onto the model")
+    ge.add_argument("--chat", help="the user's turn, rendered by the tokenizer's chat template")
+    ge.add_argument("--system", help="with --chat: a system turn before it")
+    ge.add_argument("--ids", help="prompt token ids, comma separated")
+    ge.add_argument("--max-new-tokens", type=int, default=32)
+    ge.set_defaults(func=cmd_generate)
 
     t = sub.add_parser("train", help="the reference training run")
     t.add_argument("--hf-dir", required=True)
