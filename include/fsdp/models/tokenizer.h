@@ -1,8 +1,10 @@
 // A Hugging Face tokenizer.json in C++: the byte-level BPE of GPT-2, Llama 3, SmolLM2 and Qwen2,
-// encoding and decoding as the `tokenizers` library does (the ids and texts are checked against
-// it by tests/reference/tokenizer_check.py on tokenizers of those four forms trained offline; no
-// published model's file was available to test), so that a C++ program turns text into a
-// model's ids and back without Python. Thread-safe (encode and decode are const).
+// encoding and decoding as the `tokenizers` library does, so that a C++ program turns text into a
+// model's ids and back without Python. Checked by tests/reference/tokenizer_check.py against
+// `tokenizers` on tokenizers of those four forms trained offline, and by
+// published_tokenizers_check.py on seven published vocabularies (Llama 3, Qwen1.5/2, GPT-2,
+// StarCoder2, Refact, MPT, Command-R: llama.cpp's test data, with the ids the models' own
+// tokenizers gave). Thread-safe (encode and decode are const).
 //
 //   auto tok = fsdp::models::Tokenizer::from_file(dir + "/tokenizer.json");
 //   std::vector<int64_t> ids = tok.encode("Hello world");   // with the post-processor's BOS

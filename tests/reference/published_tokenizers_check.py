@@ -1,0 +1,148 @@
+"""fsdp::models::Tokenizer (C++) on published models' vocabularies: llama-cpp-python's source
+release carries llama.cpp's tokenizer test data, models/ggml-vocab-NAME.gguf (the vocabulary and
+merges of a published model's tokenizer, converted from its tokenizer.json) with
+ggml-vocab-NAME.gguf.inp (test texts: whitespace runs, digits, emoji sequences, Khmer, Cyrillic,
+CJK, contractions, code) and .out (the ids the model's Hugging Face tokenizer gave for them,
+encode(text, add_special_tokens=False), written by convert_hf_to_gguf_update.py).
+
+For each vocabulary this rebuilds the model's tokenizer.json with the `tokenizers` library: the
+GGUF's tokens and merges, its control and user-defined tokens as added tokens, and the
+normalizer and pre-tokenizer the model's tokenizer.json has (FORMS below; the GGUF names only a
+pre-tokenizer type). The rebuilt file is first checked by `tokenizers` itself against .out (the
+rebuild is right when the published ids come out), then fsdp::models::Tokenizer must give the
+same ids and decode them back to the text.
+
+  python published_tokenizers_check.py --cpp build/bin/tokenizer_encode --sdist llama_cpp_python-0.3.36.tar.gz
+Exits 0 when every vocabulary agrees, 1 otherwise.
+"""
+import argparse, json, os, subprocess, sys, tarfile, tempfile, time
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+          r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# The published tokenizers (the model convert_hf_to_gguf_update.py took each from) and the parts
+# of their tokenizer.json that a GGUF does not carry.
+FORMS = {
+    "llama-bpe": dict(model="meta-llama/Meta-Llama-3-8B", split=LLAMA3, ignore_merges=True),
+    "qwen2": dict(model="Qwen/Qwen1.5-7B", nfc=True, split=QWEN2),
+    "gpt-2": dict(model="openai-community/gpt2"),
+    "starcoder": dict(model="bigcode/starcoder2-3b", digits=True),
+    "refact": dict(model="smallcloudai/Refact-1_6-base", digits=True),
+    "mpt": dict(model="mosaicml/mpt-7b", nfc=True),
+    "command-r": dict(model="CohereForAI/c4ai-command-r-v01", nfc=True, digits=True),
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+
+
+def extract(sdist, names, out):
+    """The .gguf, .inp, .out files of `names` and gguf-py, from the source release."""
+    want = {f"ggml-vocab-{n}.gguf{s}" for n in names for s in ("", ".inp", ".out")}
+    gguf_py = None
+    with tarfile.open(sdist) as tar:
+        for m in tar:
+            parts = m.name.split("/")
+            if m.isfile() and parts[-1] in want and parts[-2] == "models":
+                with open(os.path.join(out, parts[-1]), "wb") as f:
+                    f.write(tar.extractfile(m).read())
+            elif m.isfile() and "/vendor/llama.cpp/gguf-py/gguf/" in m.name:
+                gguf_py = os.path.join(out, "gguf-py")
+                rel = m.name.split("/vendor/llama.cpp/gguf-py/", 1)[1]
+                os.makedirs(os.path.dirname(os.path.join(gguf_py, rel)), exist_ok=True)
+                with open(os.path.join(gguf_py, rel), "wb") as f:
+                    f.write(tar.extractfile(m).read())
+    return gguf_py
+
+
+def rebuild(gguf_path, form, out_path):
+    import gguf
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers
+    r = gguf.GGUFReader(gguf_path)
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in r.fields["tokenizer.ggml.merges"].contents()]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges,
+                               ignore_merges=form.get("ignore_merges", False)))
+    if form.get("nfc"):
+        tok.normalizer = normalizers.NFC()
+    pre = []
+    if form.get("digits"):
+        pre.append(pre_tokenizers.Digits(individual_digits=True))
+    if form.get("split"):
+        pre.append(pre_tokenizers.Split(Regex(form["split"]), behavior="isolated"))
+        pre.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    else:
+        pre.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tok.pre_tokenizer = pre[0] if len(pre) == 1 else pre_tokenizers.Sequence(pre)
+    tok.decoder = decoders.ByteLevel()
+    added = [AddedToken(t, special=(ty == CONTROL), normalized=False)
+             for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
+    tok.add_tokens(added)
+    tok.save(out_path)
+    return tok, len(tokens), len(merges), len(added)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cpp", required=True, help="the tokenizer_encode program")
+    p.add_argument("--sdist", required=True, help="llama-cpp-python's source release")
+    a = p.parse_args()
+    work = tempfile.mkdtemp(prefix="published_tokenizers_")
+    gguf_py = extract(a.sdist, FORMS, work)
+    if gguf_py is None:
+        print(f"FAIL: {a.sdist} has no gguf-py")
+        return 1
+    sys.path.insert(0, gguf_py)
+    failed = []
+    for name, form in FORMS.items():
+        path = os.path.join(work, f"ggml-vocab-{name}.gguf")
+        if not os.path.isfile(path + ".inp"):
+            print(f"FAIL  {name}: not in {a.sdist}")
+            failed.append(name)
+            continue
+        texts = open(path + ".inp", encoding="utf-8").read().split("\n__ggml_vocab_test__\n")[:-1]
+        want = [[int(i) for i in line.split()] for line in
+                open(path + ".out").read().split("\n")[:len(texts)]]
+        tj = os.path.join(work, f"{name}.json")
+        tok, n_tokens, n_merges, n_added = rebuild(path, form, tj)
+        ref = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+        bad_ref = [i for i, (x, y) in enumerate(zip(ref, want)) if x != y]
+        if bad_ref:
+            print(f"FAIL  {name}: the rebuilt tokenizer.json does not give the published ids "
+                  f"(texts {bad_ref[:5]}: {texts[bad_ref[0]]!r} -> {ref[bad_ref[0]]}, published "
+                  f"{want[bad_ref[0]]})")
+            failed.append(name)
+            continue
+        texts_path = os.path.join(work, f"{name}.texts.json")
+        with open(texts_path, "w") as f:
+            json.dump(texts, f)
+        t0 = time.perf_counter()
+        r = subprocess.run([a.cpp, tj, texts_path, "--no-special"], capture_output=True, text=True)
+        took = time.perf_counter() - t0
+        if r.returncode != 0:
+            print(f"FAIL  {name}: tokenizer_encode refused it: {r.stderr.strip()[-500:]}")
+            failed.append(name)
+            continue
+        got = json.loads(r.stdout)
+        bad = [i for i, (x, y) in enumerate(zip(got["ids"], want)) if x != y]
+        undecoded = [i for i, (d, t) in enumerate(zip(got["decoded"], texts))
+                     if d != tok.decode(want[i], skip_special_tokens=False)]
+        if bad or undecoded or len(got["ids"]) != len(want):
+            i = (bad or undecoded or [0])[0]
+            print(f"FAIL  {name} ({form['model']}): {len(bad)} of {len(texts)} texts encode "
+                  f"differently, {len(undecoded)} decode differently; first {texts[i]!r}: C++ "
+                  f"{got['ids'][i]} {got['decoded'][i]!r}, published {want[i]}")
+            failed.append(name)
+            continue
+        print(f"ok    {name} ({form['model']}: {n_tokens} tokens, {n_merges} merges, "
+              f"{n_added} added): {len(texts)} texts, {sum(map(len, want))} ids equal the "
+              f"published ones, decoded as tokenizers decodes ({took:.1f}s with loading)")
+    print(f"{len(FORMS) - len(failed)} of {len(FORMS)} published vocabularies agree"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
