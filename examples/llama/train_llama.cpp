@@ -287,6 +287,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     };
     task.tp = ll::tp_layout(b.config, mesh.tp, mesh.dp_group());
   }
+  // LoRA: checkpoints hold the adapters and their optimizer state; the frozen weights are
+  // --hf-dir's (or --seed's), built again on resume.
+  if (o.lora.rank > 0 || !o.lora_adapter.empty())
+    task.checkpoint_filter = fsdp::models::is_lora_parameter;
   task.train = train.get();
   task.masked_targets = !o.loss_mask.empty();
   task.validation = val.get();

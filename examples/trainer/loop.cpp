@@ -31,10 +31,12 @@ int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
   const auto t0 = std::chrono::steady_clock::now();
   fsdp::LoadOptions options;
   options.tp = task.tp;
+  options.filter = task.checkpoint_filter;
   auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group, options);
   if (lead) {
-    fmt::print("resume: {} (step {}, saved by {} ranks) loaded in {:.2f} s\n", info.path, info.step,
-               info.world_size, seconds_since(t0));
+    fmt::print("resume: {} (step {}, saved by {} ranks{}) loaded in {:.2f} s\n", info.path,
+               info.step, info.world_size, info.partial ? ", trainable parameters only" : "",
+               seconds_since(t0));
   }
   return static_cast<int>(info.step);
 }
@@ -47,6 +49,7 @@ void save(const TrainOptions& o, int steps_done, Task& task, const torch::optim:
   options.keep_last = o.keep;
   options.metadata["data_step"] = std::to_string(steps_done);
   options.tp = task.tp;
+  options.filter = task.checkpoint_filter;
   auto path =
       fsdp::save_checkpoint(o.save_dir, steps_done, *task.module, &opt, dist.group, options);
   if (dist.group->rank() == 0) fmt::print("saved {} in {:.2f} s\n", path, seconds_since(t0));

@@ -23,6 +23,9 @@ struct Task {
   // Tensor parallelism: which parameters hold slices, for the global gradient norm and for
   // checkpoints of the full tensors (empty: none).
   fsdp::tp::Layout tp;
+  // The tensors checkpoints hold (SaveOptions/LoadOptions::filter); empty: all. LoRA: the
+  // adapters, the frozen weights being the base model's.
+  std::function<bool(const std::string&)> checkpoint_filter;
   const Dataset* train = nullptr;
   // The training targets hold -100 where a loss mask leaves a token out: a micro-batch with no
   // counted target then adds a zero loss (cross_entropy's mean over none would be NaN).

@@ -125,6 +125,7 @@ Manifest merge(const std::vector<std::string>& per_rank, int64_t step, const std
   m.library_version = FSDP_VERSION;
   m.metadata = options.metadata;
   m.optimizer = kind;
+  m.partial = static_cast<bool>(options.filter);
   std::unordered_map<std::string, size_t> index;
   for (size_t r = 0; r < per_rank.size(); ++r) {
     auto part = detail::manifest_from_json(per_rank[r], fmt::format("(rank {}'s entries)", r));
@@ -142,6 +143,20 @@ Manifest merge(const std::vector<std::string>& per_rank, int64_t step, const std
   return m;
 }
 
+// The parameter a state entry belongs to: "<name>#<state>" is <name>'s optimizer state; an
+// entry of the optimizer as a whole ("#optimizer", "#param_groups.0") belongs to none ("").
+std::string owner_of(const std::string& entry) {
+  const auto hash = entry.find('#');
+  return hash == std::string::npos ? entry : entry.substr(0, hash);
+}
+
+// SaveOptions/LoadOptions::filter applied to an entry: the optimizer's own entries always pass.
+bool passes(const std::function<bool(const std::string&)>& filter, const std::string& entry) {
+  if (!filter) return true;
+  const auto owner = owner_of(entry);
+  return owner.empty() || filter(owner);
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
@@ -157,6 +172,21 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
   const std::string final_dir = join(root, step_dir_name(step));
   const std::string tmp = join(root, kTmpPrefix + step_dir_name(step));
   const std::string what = fmt::format("save_checkpoint {}", final_dir);
+  if (options.filter && optimizer) {
+    std::unordered_set<const void*> updated;
+    for (const auto& group : optimizer->param_groups()) {
+      for (const auto& p : group.params()) updated.insert(p.unsafeGetTensorImpl());
+    }
+    for (const auto& item : model.named_parameters()) {
+      const auto& p = item.value();
+      FSDP_CHECK_ARG(!p.requires_grad() || !updated.count(p.unsafeGetTensorImpl()) ||
+                         options.filter(item.key()),
+                     "save_checkpoint: SaveOptions::filter leaves out '{}', which the optimizer "
+                     "updates: its value and state would be lost (a filter must keep every "
+                     "trainable parameter)",
+                     item.key());
+    }
+  }
 
   ShardedStateDict state;
   std::string kind = "none";
@@ -165,6 +195,13 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
     if (optimizer) {
       kind = optimizer_kind(*optimizer);
       for (auto& e : get_optimizer_state_dict(model, *optimizer)) state.push_back(std::move(e));
+    }
+    if (options.filter) {
+      ShardedStateDict kept;
+      for (auto& e : state) {
+        if (passes(options.filter, e.first)) kept.push_back(std::move(e));
+      }
+      state = std::move(kept);
     }
     if (rank == 0) {
       if (io::path_exists(final_dir)) {
@@ -266,7 +303,8 @@ const std::vector<int64_t>& stored_shape(const std::string& name, const ShardedT
 }
 
 Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module& model,
-             const torch::optim::Optimizer* optimizer, const tp::Layout& tp) {
+             const torch::optim::Optimizer* optimizer, const tp::Layout& tp,
+             const std::function<bool(const std::string&)>& filter) {
   const std::string kind = optimizer ? optimizer_kind(*optimizer) : "none";
   std::unordered_map<std::string, const StoredTensor*> stored;
   for (const auto& t : m.tensors) stored[t.name] = &t;
@@ -275,7 +313,12 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
   auto find = [&](const std::string& name) -> const StoredTensor& {
     auto it = stored.find(name);
     if (it == stored.end()) {
-      throw CheckpointError(fmt::format("{} has no tensor '{}' (the model's)", dir, name));
+      throw CheckpointError(fmt::format(
+          "{} has no tensor '{}' (the model's){}", dir, name,
+          m.partial ? "; it is a partial checkpoint (saved with SaveOptions::filter): load it "
+                      "with a LoadOptions::filter that keeps only what it holds (a LoRA run's "
+                      "adapters: fsdp::models::is_lora_parameter)"
+                    : ""));
     }
     used.insert(name);
     return *it->second;
@@ -296,6 +339,7 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
   }
   std::unordered_map<std::string, const ShardedTensor*> by_name;
   for (const auto& [name, t] : model_state) {
+    if (filter && !filter(name)) continue;
     by_name[name] = &t;
     const StoredTensor& st = find(name);
     const auto& want = stored_shape(name, t, tp);
@@ -315,6 +359,7 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
       const auto hash = t.name.rfind('#');
       if (hash == std::string::npos) continue;
       used.insert(t.name);
+      if (!passes(filter, t.name)) continue;
       const auto param = by_name.find(t.name.substr(0, hash));
       ShardedTensor s;
       s.global_shape = t.shape;
@@ -347,7 +392,7 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
   }
   for (const auto& t : m.tensors) {
     const bool state = t.name.find('#') != std::string::npos;
-    if (!used.count(t.name) && !(state && !optimizer)) {
+    if (!used.count(t.name) && !(state && !optimizer) && passes(filter, t.name)) {
       throw CheckpointError(fmt::format(
           "{} holds '{}', which the model does not have (or the optimizer does not use)", dir,
           t.name));
@@ -377,7 +422,7 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   agree_on<CheckpointError>(*pg, fmt::format("load_checkpoint {}", path), [&] {
     const auto manifest_path = join(dir, detail::kManifestName);
     m = detail::manifest_from_json(io::read_file(manifest_path), manifest_path);
-    staged = stage(dir, m, model, optimizer, options.tp);
+    staged = stage(dir, m, model, optimizer, options.tp, options.filter);
   });
   // Every rank has everything: apply.
   {
@@ -391,7 +436,7 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     set_optimizer_state_dict(model, *optimizer, staged.optimizer,
                              options.tp.active() ? options.tp.dp : pg);
   }
-  return CheckpointInfo{path, m.step, m.world_size, m.metadata};
+  return CheckpointInfo{path, m.step, m.world_size, m.metadata, m.partial};
 }
 
 }  // namespace fsdp

@@ -93,6 +93,7 @@ std::string manifest_to_json(const Manifest& m) {
                       {"metadata", m.metadata},
                       {"optimizer", m.optimizer},
                       {"optimizer_steps", m.optimizer_steps},
+                      {"partial", m.partial},
                       {"tensors", tensors}};
   return j.dump(1);
 }
@@ -120,6 +121,8 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
     m.step = integer<int64_t>(j.at("step"));
     m.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
     m.optimizer = j.at("optimizer").get<std::string>();
+    // Absent from the checkpoints written before filters existed: those hold everything.
+    m.partial = j.value("partial", false);
     for (const auto& [name, steps] : j.at("optimizer_steps").items()) {
       m.optimizer_steps[name] = integer<int64_t>(steps);
     }

@@ -37,6 +37,7 @@ struct Manifest {
   std::string optimizer = "none";                  // none | adamw | sgd
   std::map<std::string, int64_t> optimizer_steps;  // AdamW's step count per parameter name
   std::vector<StoredTensor> tensors;
+  bool partial = false;  // SaveOptions::filter left some of the model's tensors out
 };
 
 inline constexpr const char* kManifestName = "manifest.json";

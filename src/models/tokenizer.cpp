@@ -12,8 +12,11 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -218,7 +221,16 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_to_token;
   std::vector<bool> special;   // by id: an added token marked special
   std::vector<bool> is_added;  // by id: an added token (decoded as its content)
-  std::map<std::pair<std::string, std::string>, int> ranks;
+  // The merges, by the ids of the pair: (left << 32 | right) -> the merge's rank and the id of
+  // the merged token.
+  struct MergeRule {
+    int rank;
+    int64_t id;
+  };
+  std::unordered_map<uint64_t, MergeRule> merges;
+  static uint64_t pair_key(int64_t left, int64_t right) {
+    return (static_cast<uint64_t>(left) << 32) | static_cast<uint32_t>(right);
+  }
   bool ignore_merges = false;
   // Added tokens, longest first (so that a longer one wins where two start at one place).
   std::vector<std::pair<std::string, int64_t>> added;
@@ -314,38 +326,51 @@ struct Tokenizer::Impl {
         return;
       }
     }
-    auto symbols = bpe_detail::characters(mapped);
-    while (symbols.size() > 1) {
-      int best = INT_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        auto it = ranks.find({symbols[i], symbols[i + 1]});
-        if (it != ranks.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
-      }
-      if (best == INT_MAX) break;
-      const std::string a = symbols[at], b = symbols[at + 1];
-      std::vector<std::string> next;
-      for (size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
-          next.push_back(a + b);
-          ++i;
-        } else {
-          next.push_back(symbols[i]);
-        }
-      }
-      symbols = std::move(next);
-    }
-    for (const auto& s : symbols) {
-      auto it = vocab.find(s);
+    // As the tokenizers library merges a word: a list of symbols and a queue of the merges of
+    // adjacent pairs, the lowest rank first and the leftmost among equal ranks; an entry whose
+    // pair has changed since it was queued is skipped. O(n log n) in the piece's length.
+    const auto chars = bpe_detail::characters(mapped);
+    struct Symbol {
+      int64_t id;
+      int prev, next;  // neighbours in the list (-1: none)
+      bool alive;
+    };
+    const int n = static_cast<int>(chars.size());
+    std::vector<Symbol> sym(chars.size());
+    for (int i = 0; i < n; ++i) {
+      auto it = vocab.find(chars[i]);
       if (it == vocab.end()) {
         throw InvalidArgument(fmt::format(
-            "tokenizer: '{}' is not in the vocabulary (a byte-level BPE holds every byte)", s));
+            "tokenizer: '{}' is not in the vocabulary (a byte-level BPE holds every byte)",
+            chars[i]));
       }
-      out.push_back(it->second);
+      sym[i] = {it->second, i - 1, i + 1 < n ? i + 1 : -1, true};
     }
+    using Candidate = std::tuple<int, int, int64_t>;  // rank, left symbol, merged id
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    auto offer = [&](int left) {
+      const int right = sym[left].next;
+      if (right < 0) return;
+      auto it = merges.find(pair_key(sym[left].id, sym[right].id));
+      if (it != merges.end()) queue.emplace(it->second.rank, left, it->second.id);
+    };
+    for (int i = 0; i + 1 < n; ++i) offer(i);
+    while (!queue.empty()) {
+      const auto [rank, left, id] = queue.top();
+      queue.pop();
+      Symbol& l = sym[left];
+      if (!l.alive || l.next < 0) continue;
+      Symbol& r = sym[l.next];
+      auto it = merges.find(pair_key(l.id, r.id));
+      if (it == merges.end() || it->second.id != id) continue;  // the pair has changed
+      l.id = id;
+      r.alive = false;
+      l.next = r.next;
+      if (r.next >= 0) sym[r.next].prev = left;
+      if (l.prev >= 0) offer(l.prev);
+      offer(left);
+    }
+    for (int i = n > 0 ? 0 : -1; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
   }
 
   void encode_plain(const std::string& text, std::vector<int64_t>& out) const {
@@ -421,7 +446,19 @@ Tokenizer Tokenizer::from_file(const std::string& path_in) {
       } else {
         pair = {m.at(0).get<std::string>(), m.at(1).get<std::string>()};
       }
-      impl->ranks.emplace(std::move(pair), rank++);
+      // As the tokenizers library builds its merges: the three tokens must be in the
+      // vocabulary, and a pair listed twice keeps its last rank.
+      int64_t ids[3];
+      const std::string tokens[3] = {pair.first, pair.second, pair.first + pair.second};
+      for (int k = 0; k < 3; ++k) {
+        auto it = impl->vocab.find(tokens[k]);
+        if (it == impl->vocab.end()) {
+          throw InvalidArgument(fmt::format("merge '{} {}': '{}' is not in the vocabulary",
+                                            pair.first, pair.second, tokens[k]));
+        }
+        ids[k] = it->second;
+      }
+      impl->merges[Impl::pair_key(ids[0], ids[1])] = {rank++, ids[2]};
     }
     std::vector<std::pair<int64_t, bool>> added_ids;
     for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {

@@ -292,6 +292,102 @@ TEST(Checkpoint, SgdMomentumReshards) {
   remove_tree(dir);
 }
 
+// SaveOptions::filter / LoadOptions::filter, as a LoRA run uses them: only the first block
+// trains (the "adapters"), the rest is frozen and comes from elsewhere on resume.
+bool first_block(const std::string& name) { return name.rfind("layers.0.", 0) == 0; }
+
+TrainSpec partly_frozen_spec() {
+  TrainSpec spec;
+  spec.edit_model = [](TinyLM& m) {
+    for (auto& item : m->named_parameters()) {
+      if (!first_block(item.key())) item.value().set_requires_grad(false);
+    }
+  };
+  return spec;
+}
+
+TEST(Checkpoint, FilteredSaveHoldsTheTrainablePartAndLoadsAtAnotherWorld) {
+  const auto dir = fresh_dir("filtered");
+  const auto full_dir = fresh_dir("filtered_full");
+  TrainSpec spec = partly_frozen_spec();
+  std::map<std::string, at::Tensor> saved;
+  std::string path, full_path;
+  run_local_ranks(
+      4,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 3);
+        auto state = full_state(t, pg);
+        SaveOptions options;
+        options.filter = first_block;
+        auto p = save_checkpoint(dir, 3, *t.model, t.opt.get(), pg, options);
+        auto f = save_checkpoint(full_dir, 3, *t.model, t.opt.get(), pg);
+        if (pg->rank() == 0) saved = state, path = p, full_path = f;
+      },
+      test_options());
+  // The manifest holds the first block and its AdamW state, nothing of the frozen rest.
+  std::ifstream in(path + "/manifest.json");
+  const std::string manifest((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_NE(manifest.find("\"partial\": true"), std::string::npos);
+  EXPECT_NE(manifest.find("layers.0.attn.in_proj_weight#exp_avg"), std::string::npos);
+  EXPECT_EQ(manifest.find("embed.weight"), std::string::npos);
+  EXPECT_EQ(manifest.find("layers.1."), std::string::npos);
+  EXPECT_LT(file_size(path + "/rank_00000.bin"), file_size(full_path + "/rank_00000.bin"));
+
+  // Loaded at world 2 into a model of other values: the first block and its state as saved,
+  // the rest as it was. The same from the full checkpoint with the same filter.
+  for (const auto& from : {path, full_path}) {
+    run_local_ranks(
+        2,
+        [&](const ProcessGroupPtr& pg) {
+          TrainSpec other = spec;
+          other.seed = 99;
+          auto t = train(other, pg, 1);
+          auto before = full_state(t, pg);
+          LoadOptions options;
+          options.filter = first_block;
+          auto info = load_checkpoint(from, *t.model, t.opt.get(), pg, options);
+          EXPECT_EQ(info.partial, from == path);
+          auto after = full_state(t, pg);
+          if (pg->rank() != 0) return;
+          ASSERT_EQ(after.size(), saved.size());
+          for (const auto& [name, value] : after) {
+            const auto& want = first_block(name) ? saved.at(name) : before.at(name);
+            EXPECT_TRUE(at::equal(value, want)) << from << ": " << name;
+          }
+        },
+        test_options());
+  }
+  // Without the filter the partial checkpoint is refused, naming the fix; nothing changes.
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 1);
+        auto before = full_state(t, pg);
+        expect_error_containing<CheckpointError>(
+            [&] { load_checkpoint(path, *t.model, t.opt.get(), pg); },
+            "it is a partial checkpoint (saved with SaveOptions::filter)");
+        auto after = full_state(t, pg);
+        if (pg->rank() == 0) expect_same(after, before, "refused partial load: unchanged");
+      },
+      test_options());
+  // A filter that leaves out a parameter the optimizer updates: refused, nothing written.
+  run_local_ranks(
+      1,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 1);
+        SaveOptions options;
+        options.filter = [](const std::string& name) { return name.rfind("layers.0.ffn", 0) == 0; };
+        expect_error_containing<InvalidArgument>(
+            [&] { save_checkpoint(dir, 7, *t.model, t.opt.get(), pg, options); },
+            "which the optimizer updates");
+      },
+      test_options());
+  EXPECT_EQ(latest_checkpoint(dir), path) << "the refused save wrote nothing";
+  remove_tree(dir);
+  remove_tree(full_dir);
+}
+
 TEST(Checkpoint, UnsupportedOptimizerFailsBeforeWriting) {
   // LBFGS keeps one state for all parameters at once: it cannot be split by rows.
   const auto dir = fresh_dir("lbfgs");

@@ -5,7 +5,8 @@
 # train_llama at world 2 (MPI) on the frozen, sharded model; then
 #  - the PEFT adapter export, loaded by PEFT onto the base model, gives train_llama's masked
 #    validation loss (1e-5); so does the merged export in transformers and in MLX;
-#  - a run stopped at step 5 and resumed at world 1 and at world 3 gives the uninterrupted
+#  - a run stopped at step 5 and resumed at world 1 and at world 3 (from checkpoints of the
+#    adapters alone: a partial manifest, no frozen weight) gives the uninterrupted
 #    run's losses (1e-5) and the same adapters;
 #  - greedy generation with the adapters live (world 2) equals transformers' generate on
 #    PEFT's model; --generate's and --chat's prompt ids (the chat template applied in C++)
@@ -80,6 +81,17 @@ common=(--hf-dir "$tmp/base" --lora-adapter "$tmp/init" --data-tokens "$tmp/data
 "${mpiexec[@]}" -n 2 "$bin" "${common[@]}" --save-dir "$tmp/ckpt" --save-every 5 \
   --export-adapter "$tmp/adapter_2" --metrics-out "$tmp/w2.jsonl" > "$tmp/w2.log" 2>&1 \
   || { cat "$tmp/w2.log"; exit 1; }
+# The checkpoints hold the adapters and their AdamW state alone (the frozen weights are
+# --hf-dir's): a partial manifest without a base weight.
+"$py" - "$tmp/ckpt" <<'PY' || fail=1
+import glob, json, os, sys
+m = json.load(open(sorted(glob.glob(os.path.join(sys.argv[1], "step_*", "manifest.json")))[-1]))
+names = [t["name"] for t in m["tensors"]]
+frozen = [n for n in names if "lora_" not in n and not n.startswith("#")]
+size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(sys.argv[1], "step_*", "rank_*.bin")))
+print(f"LoRA checkpoints: partial {m['partial']}, {len(names)} tensors, {size} bytes of shards in all")
+sys.exit(0 if m["partial"] and not frozen and any(n.endswith("lora_A.weight#exp_avg") for n in names) else 1)
+PY
 for world in 1 3; do
   rm -rf "$tmp/ckpt_$world"; cp -r "$tmp/ckpt" "$tmp/ckpt_$world"
   ls "$tmp/ckpt_$world" | grep -v "step_0*5$" | while read -r d; do rm -rf "$tmp/ckpt_$world/$d"; done

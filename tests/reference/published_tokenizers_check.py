@@ -14,6 +14,12 @@ same ids and decode them back to the text.
 
   python published_tokenizers_check.py --cpp build/bin/tokenizer_encode --sdist llama_cpp_python-0.3.36.tar.gz
 Exits 0 when every vocabulary agrees, 1 otherwise.
+
+  python published_tokenizers_check.py --sdist ... --write-dir llama-bpe OUT
+writes a model directory's tokenizer files for that vocabulary instead: tokenizer.json (with the
+post-processor the model's has: Llama 3's adds <|begin_of_text|>), tokenizer_config.json (its
+special tokens, and for Llama 3 the chat template of Llama 3.1 Instruct from llama.cpp's
+models/templates). tests/examples/published_tokenizer_export.sh trains and exports with it.
 """
 import argparse, json, os, subprocess, sys, tarfile, tempfile, time
 
@@ -24,8 +30,11 @@ QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{
 # The published tokenizers (the model convert_hf_to_gguf_update.py took each from) and the parts
 # of their tokenizer.json that a GGUF does not carry.
 FORMS = {
-    "llama-bpe": dict(model="meta-llama/Meta-Llama-3-8B", split=LLAMA3, ignore_merges=True),
-    "qwen2": dict(model="Qwen/Qwen1.5-7B", nfc=True, split=QWEN2),
+    "llama-bpe": dict(model="meta-llama/Meta-Llama-3-8B", split=LLAMA3, ignore_merges=True,
+                      bos="<|begin_of_text|>", eos="<|eot_id|>", add_bos=True,
+                      template="meta-llama-Llama-3.1-8B-Instruct"),
+    "qwen2": dict(model="Qwen/Qwen1.5-7B", nfc=True, split=QWEN2, eos="<|im_end|>",
+                  template="Qwen-Qwen2.5-7B-Instruct"),
     "gpt-2": dict(model="openai-community/gpt2"),
     "starcoder": dict(model="bigcode/starcoder2-3b", digits=True),
     "refact": dict(model="smallcloudai/Refact-1_6-base", digits=True),
@@ -35,14 +44,16 @@ FORMS = {
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 
 
-def extract(sdist, names, out):
-    """The .gguf, .inp, .out files of `names` and gguf-py, from the source release."""
+def extract(sdist, names, out, templates=()):
+    """The .gguf, .inp, .out files of `names`, the chat templates named, and gguf-py, from the
+    source release."""
     want = {f"ggml-vocab-{n}.gguf{s}" for n in names for s in ("", ".inp", ".out")}
+    want |= {f"{t}.jinja" for t in templates}
     gguf_py = None
     with tarfile.open(sdist) as tar:
         for m in tar:
             parts = m.name.split("/")
-            if m.isfile() and parts[-1] in want and parts[-2] == "models":
+            if m.isfile() and parts[-1] in want and parts[-2] in ("models", "templates"):
                 with open(os.path.join(out, parts[-1]), "wb") as f:
                     f.write(tar.extractfile(m).read())
             elif m.isfile() and "/vendor/llama.cpp/gguf-py/gguf/" in m.name:
@@ -84,11 +95,48 @@ def rebuild(gguf_path, form, out_path):
     return tok, len(tokens), len(merges), len(added)
 
 
+def write_dir(sdist, name, out):
+    """The tokenizer files of a model directory for the published vocabulary `name`."""
+    from tokenizers import processors
+    form = FORMS[name]
+    work = tempfile.mkdtemp(prefix="published_tokenizer_dir_")
+    gguf_py = extract(sdist, [name], work, [form["template"]] if "template" in form else [])
+    sys.path.insert(0, gguf_py)
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "tokenizer.json")
+    tok, *_ = rebuild(os.path.join(work, f"ggml-vocab-{name}.gguf"), form, path)
+    steps = [processors.ByteLevel(trim_offsets=False)]
+    if form.get("add_bos"):
+        bos = form["bos"]
+        steps.append(processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                   special_tokens=[(bos, tok.token_to_id(bos))]))
+    tok.post_processor = processors.Sequence(steps)
+    tok.save(path)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 131072,
+              "clean_up_tokenization_spaces": False}
+    for key in ("bos", "eos"):
+        if key in form:
+            config[f"{key}_token"] = form[key]
+    if "template" in form:
+        config["chat_template"] = open(os.path.join(work, form["template"] + ".jinja")).read()
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    print(f"wrote {out}: {form['model']}'s tokenizer ({tok.get_vocab_size()} ids)"
+          + (f", {form['template']}'s chat template" if "template" in form else ""))
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cpp", required=True, help="the tokenizer_encode program")
+    p.add_argument("--cpp", help="the tokenizer_encode program")
     p.add_argument("--sdist", required=True, help="llama-cpp-python's source release")
+    p.add_argument("--write-dir", nargs=2, metavar=("NAME", "OUT"),
+                   help="write the tokenizer files of vocabulary NAME into OUT instead")
     a = p.parse_args()
+    if a.write_dir:
+        return write_dir(a.sdist, *a.write_dir)
+    if not a.cpp:
+        p.error("--cpp is needed to check")
     work = tempfile.mkdtemp(prefix="published_tokenizers_")
     gguf_py = extract(a.sdist, FORMS, work)
     if gguf_py is None:

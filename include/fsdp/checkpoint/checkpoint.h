@@ -31,6 +31,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -55,12 +56,24 @@ struct SaveOptions {
   // slice of columns is gathered over the TP group row by row (each rank's shard rows whole);
   // tensors equal on every TP rank are written by TP rank 0 only.
   tp::Layout tp;
+  // Which of the model's tensors to write, by state-dict name (their optimizer state goes with
+  // them); empty: all. A LoRA run writes its adapters alone (fsdp::models::is_lora_parameter):
+  // the frozen weights are the base model's, read again from where they came, and a checkpoint
+  // is the adapters' size. The manifest marks such a checkpoint partial. Every parameter the
+  // optimizer updates (one of its parameters that requires grad) must pass, or its value and
+  // state would be lost: InvalidArgument before anything is written.
+  std::function<bool(const std::string& name)> filter;
 };
 
 struct LoadOptions {
   // The model's tensor-parallel layout now (as SaveOptions::tp); empty: none. Any checkpoint
   // of the same model loads, whatever the layout that saved it.
   tp::Layout tp;
+  // Which of the model's tensors to load, by state-dict name; empty: all. The others keep their
+  // values, and stored tensors it excludes (with their optimizer state) are skipped, so that
+  // the adapters of a full checkpoint load alone too. A partial checkpoint (SaveOptions::filter)
+  // needs a filter that excludes what it does not hold.
+  std::function<bool(const std::string& name)> filter;
 };
 
 struct CheckpointInfo {
@@ -68,6 +81,7 @@ struct CheckpointInfo {
   int64_t step = 0;
   int world_size = 0;  // the world size that saved it
   std::map<std::string, std::string> metadata;
+  bool partial = false;  // saved with SaveOptions::filter: part of the model's tensors
 };
 
 // Saves `model` (sharded by fully_shard or not; parameters must be sharded, not gathered) and,

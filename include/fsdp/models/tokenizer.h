@@ -21,8 +21,8 @@
 // fallback, WordPiece and Unigram, ByteLevel's add_prefix_space, added tokens with lstrip,
 // rstrip or single_word, BPE dropout and subword prefixes or suffixes. Known differences: none
 // on the tested texts; PCRE2's \s also matches U+180E, which the tokenizers library's regex
-// engine does not; merging is quadratic in a piece's length (long runs of one script without
-// spaces are slow).
+// engine does not. Merging is the tokenizers library's (a queue of the pairs' merges, the lowest
+// rank and then the leftmost first): O(n log n) in a piece's length.
 #pragma once
 
 #include <cstdint>
