@@ -4,7 +4,7 @@
 # on its Vulkan backend) and ExecuTorch (portable and XNNPACK .pte) must equal exp(EXPECTED_LOSS),
 # the loss the trainer printed, within 1%; Vulkan's must equal the CPU backend's within 1e-3.
 #
-#   scripts/check_edge_runtimes.sh HF_DIR VAL_TOKENS SEQ EXPECTED_LOSS [--tokenizer tokenizer.model]
+#   scripts/check_edge_runtimes.sh HF_DIR VAL_TOKENS SEQ EXPECTED_LOSS [--tokenizer tokenizer.model|tokenizer.json]
 #       [--tokens-dtype uint16|uint32] [--skip-llamacpp] [--skip-vulkan] [--skip-executorch]
 #       [--work DIR]
 #       [--max-windows N]
@@ -14,7 +14,8 @@
 # (CPU only; 16 to 18 minutes measured on a busy 2-core machine) and installed into the
 # project's venv; a later run reuses the wheel. The converter needs a SentencePiece
 # tokenizer.model beside the weights: --tokenizer copies one in (scripts/tokenize_text.py writes one
-# when it trains its own).
+# when it trains its own), or a published model's byte-level BPE tokenizer.json (Llama 3's,
+# Qwen2's: the converter recognizes it by the ids it gives a test text).
 # llama.cpp on Vulkan: a second wheel of the same source with -DGGML_VULKAN=ON (Debian's glslc,
 # libvulkan-dev and spirv-headers, installed here when missing and apt-get is usable; one
 # instance-creation block patched for Debian 12's older Vulkan headers by
@@ -38,7 +39,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 helper="$root/tests/reference/edge_runtimes.py"
 
-usage() { sed -n '2,32p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "check_edge_runtimes: $*" >&2; exit 1; }
 
 positional=() tokenizer="" dtype=uint16 skip_llamacpp=0 skip_vulkan=0 skip_executorch=0 work=""
@@ -111,9 +112,16 @@ if [ "$skip_llamacpp" = 0 ]; then
   # The converter reads the directory: a copy of the model with the tokenizer beside it.
   model="$work/hf"; rm -rf "$model"; mkdir -p "$model"
   cp -r "$hf_dir"/. "$model"/
-  [ -z "$tokenizer" ] || cp "$tokenizer" "$model/tokenizer.model"
-  [ -f "$model/tokenizer.model" ] ||
-    die "llama.cpp's converter needs a SentencePiece tokenizer.model in $hf_dir (or --tokenizer FILE)"
+  if [ -n "$tokenizer" ]; then
+    case "$tokenizer" in
+      *.json) cp "$tokenizer" "$model/tokenizer.json" ;;
+      *) cp "$tokenizer" "$model/tokenizer.model" ;;
+    esac
+  fi
+  # A byte-level BPE tokenizer.json (Llama 3's, Qwen2's, ...) is converted when llama.cpp
+  # recognizes its pre-tokenizer (a published model's); a SentencePiece tokenizer.model always.
+  [ -f "$model/tokenizer.model" ] || [ -f "$model/tokenizer.json" ] ||
+    die "llama.cpp's converter needs a SentencePiece tokenizer.model or a published model's tokenizer.json in $hf_dir (or --tokenizer FILE)"
   if [ ! -f "$model/tokenizer_config.json" ]; then
     "$py" -c "import sys; sys.path.insert(0, sys.argv[1]); import hf_llama; hf_llama.write_tokenizer_config(sys.argv[2], sys.argv[2] + '/tokenizer.model')" \
       "$root/tests/reference" "$model"
