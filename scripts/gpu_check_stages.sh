@@ -108,6 +108,7 @@ stage_build() {
     -DCMAKE_PREFIX_PATH="$torch_prefix" -DFSDP_PYTHON="$(command -v "$PYTHON")" \
     -DFSDP_DEPS_DIR="$ROOT/.gpu_deps" -DFSDP_WITH_NCCL=ON -DFSDP_WITH_MPI=OFF \
     -DFSDP_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DFSDP_WITH_CHAT_TEMPLATES=OFF \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST || { detail "configure failed"; return 1; }
   cmake --build "$build" -j "$(nproc)" --target train_minillm test_cuda nccl_two_ranks \
     nccl_gpu_fault || { detail "build failed (build.log)"; return 1; }

@@ -7,11 +7,11 @@
 #      against: transformers, tokenizers, sentencepiece, mlx), in a virtual environment outside
 #      the source tree:
 #        FSDP_VENV (default: $HOME/.cache/fsdp-cpp/venv)
-#   3. llama-cpp-python's source release from PyPI (not installed: CMake builds llama.cpp's Jinja
-#      engine, for chat templates, from it), into $FSDP_CACHE/llama-cpp.
 #      PyPI's default Linux wheel of torch 2.11.0 is the CUDA 13.0 build (about 3 GB to download,
 #      5.5 GB installed); its CPU tensors work on machines without a GPU. CMake finds libtorch
 #      through this environment (cmake/FsdpFindTorch.cmake).
+#   3. llama-cpp-python's source release from PyPI (not installed: CMake builds llama.cpp's Jinja
+#      engine, for chat templates, from it), into $FSDP_CACHE/llama-cpp.
 # Prints the venv path as its last line: "install_deps: libtorch venv <path>".
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"

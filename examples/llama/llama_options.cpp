@@ -29,6 +29,17 @@ std::string config_path(const Options& o) {
   return o.config.empty() ? o.hf_dir + "/config.json" : o.config;
 }
 
+}  // namespace
+
+std::vector<fsdp::models::ChatMessage> chat_messages(const Options& o) {
+  std::vector<fsdp::models::ChatMessage> messages;
+  if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
+  messages.push_back({"user", o.generate_text});
+  return messages;
+}
+
+namespace {
+
 std::string check(const Options& o) {
   const int sources = !o.hf_dir.empty() + !o.config.empty() + !o.preset.empty();
   if (sources != 1) {
@@ -56,10 +67,11 @@ std::string check(const Options& o) {
   }
   if (!o.system_prompt.empty() && !o.chat) return "--system needs --chat";
   if (o.chat) {
-    // The template is read and parsed here, before any weight is loaded: a directory without
-    // one (a base model's), or one that does not parse, is named now.
+    // The template is read, parsed and rendered here, before any weight is loaded: a directory
+    // without one (a base model's), one that does not parse, and a conversation the template
+    // refuses (a system turn where it has none) are named now.
     try {
-      (void)fsdp::models::ChatTemplate::from_directory(o.hf_dir);
+      (void)fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(chat_messages(o));
     } catch (const std::exception& e) {
       return fmt::format("--chat: {}", e.what());
     }

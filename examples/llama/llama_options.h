@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/models/chat_template.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/lora_options.h"
 #include "train_options.h"
@@ -65,5 +66,8 @@ ParseResult parse_options(int argc, char** argv, int world);
 // The model's configuration the flags name: --hf-dir's config.json, --config, or --preset.
 // InvalidArgument when the file cannot be read.
 fsdp::models::llama::Config model_config(const Options& o);
+
+// --chat's conversation: --system's turn (when given), then --generate's text as the user's.
+std::vector<fsdp::models::ChatMessage> chat_messages(const Options& o);
 
 }  // namespace llama

@@ -223,10 +223,8 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
     if (o.chat) {
       // As transformers' apply_chat_template(tokenize=True): the template writes every special
       // token itself (the BOS too), so the text is encoded without the post-processor's.
-      std::vector<fsdp::models::ChatMessage> messages;
-      if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
-      messages.push_back({"user", o.generate_text});
-      const auto text = fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(messages);
+      const auto text =
+          fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(chat_messages(o));
       prompt = tokenizer->encode(text, /*add_special=*/false);
     } else {
       prompt = tokenizer->encode(o.generate_text);

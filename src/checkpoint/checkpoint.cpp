@@ -384,6 +384,7 @@ Staged stage(const std::string& dir, const Manifest& m, const torch::nn::Module&
     }
     // Checkpoints of format 1 kept AdamW's step counts in the manifest.
     for (const auto& [name, step] : m.optimizer_steps) {
+      if (!passes(filter, name + "#step")) continue;
       ShardedTensor s;
       s.local = at::scalar_tensor(step, at::kLong);
       s.replicated = true;
@@ -432,6 +433,14 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   // Every rank read exactly its rows: the state installs without moving data (shards of a dim
   // other than 0 excepted: they pass through rows, dim_shards.h).
   // Under tensor parallelism only the ranks of one TP index hold slices of the same shapes.
+  if (optimizer && options.filter) {
+    // The state of the parameters the filter leaves out passes through as it is (installing
+    // a state dict resets every parameter it has no entries for).
+    for (auto& e : get_optimizer_state_dict(model, *optimizer)) {
+      const auto owner = owner_of(e.first);
+      if (!owner.empty() && !options.filter(owner)) staged.optimizer.push_back(std::move(e));
+    }
+  }
   if (optimizer) {
     set_optimizer_state_dict(model, *optimizer, staged.optimizer,
                              options.tp.active() ? options.tp.dp : pg);

@@ -7,17 +7,49 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 
-// llama.cpp's headers (cmake/FsdpLlamaJinja.cmake puts them on this file's include path only).
 #include "fsdp/errors.h"
 #include "fsdp/io/files.h"
+
+// clang-format off
+#ifndef FSDP_NO_CHAT_TEMPLATES
+// The standard headers llama.cpp's include, first: declared outside the hidden region below.
+#include <algorithm>
+#include <cassert>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+// llama.cpp's headers (cmake/FsdpLlamaJinja.cmake puts them on this file's include path only),
+// hidden as the engine's objects are: nothing of it is exported from libfsdp_models.
+#pragma GCC visibility push(hidden)
 #include "jinja/lexer.h"
 #include "jinja/parser.h"
 #include "jinja/runtime.h"
 #include "json.h"
+#pragma GCC visibility pop
+#endif
+// clang-format on
 
 namespace fsdp::models {
 namespace chat_files {
@@ -71,13 +103,40 @@ std::string template_from_config(const nlohmann::json& config, const std::string
       fmt::format("{}: chat_template is neither a string nor a list of named templates", path));
 }
 
+#ifndef FSDP_NO_CHAT_TEMPLATES
+// strftime_now as transformers defines it (datetime.now().strftime), through localtime_r: the
+// engine's own calls std::localtime, whose shared buffer two renders on two threads would race on.
+jinja::value strftime_now(const jinja::func_args& args) {
+  args.ensure_vals<jinja::value_string>();
+  const std::string format = args.get_pos(0)->as_string().str();
+  std::tm local{};
+  localtime_r(&args.ctx.current_time, &local);
+  char buf[256];
+  const size_t n = std::strftime(buf, sizeof(buf), format.c_str(), &local);
+  if (n == 0 && !format.empty())
+    throw jinja::raised_exception("strftime_now: failed to format time");
+  return jinja::mk_val<jinja::value_string>(std::string(buf, n));
+}
+#else
+[[noreturn]] void no_engine(const std::string& origin) {
+  throw InvalidArgument(
+      fmt::format("{}: this build of fsdp-cpp has no chat-template engine (it was configured with "
+                  "-DFSDP_WITH_CHAT_TEMPLATES=OFF)",
+                  origin));
+}
+#endif
+
 }  // namespace chat_files
 
-struct ChatTemplate::Impl {
-  std::string source;
+// Hidden, as the engine it holds (nothing of it is exported).
+struct [[gnu::visibility("hidden")]] ChatTemplate::Impl {
+  std::string source;  // as given (ChatTemplate::source)
+  std::string lexed;   // as the lexer saw it (line ends normalized): error positions refer to it
   std::string origin;
   std::map<std::string, std::string> special_tokens;
+#ifndef FSDP_NO_CHAT_TEMPLATES
   jinja::program program;
+#endif
 };
 
 ChatTemplate::ChatTemplate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -88,11 +147,16 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate ChatTemplate::from_source(std::string source,
                                        std::map<std::string, std::string> special_tokens,
                                        std::string origin) {
+#ifdef FSDP_NO_CHAT_TEMPLATES
+  (void)special_tokens;
+  chat_files::no_engine(origin);
+#else
   auto impl = std::make_unique<Impl>();
   try {
     jinja::lexer lexer;
     const auto tokens = lexer.tokenize(source);
     impl->program = jinja::parse_from_tokens(tokens);
+    impl->lexed = tokens.source;
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("{}: the template does not parse: {}", origin, e.what()));
   }
@@ -100,6 +164,7 @@ ChatTemplate ChatTemplate::from_source(std::string source,
   impl->origin = std::move(origin);
   impl->special_tokens = std::move(special_tokens);
   return ChatTemplate(std::move(impl));
+#endif
 }
 
 ChatTemplate ChatTemplate::from_directory(const std::string& dir) {
@@ -128,6 +193,11 @@ ChatTemplate ChatTemplate::from_directory(const std::string& dir) {
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) const {
+#ifdef FSDP_NO_CHAT_TEMPLATES
+  (void)messages;
+  (void)add_generation_prompt;
+  chat_files::no_engine(impl_->origin);
+#else
   common_json list = common_json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role.empty()) {
@@ -141,10 +211,16 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
   common_json input = common_json::object();
   for (const auto& [name, token] : impl_->special_tokens) input[name] = token;
   input["messages"] = list;
+  // transformers passes these two always, None when there are none: a template's
+  // `tools is defined` or `for tool in tools` sees what it sees there.
+  input["tools"] = nullptr;
+  input["documents"] = nullptr;
   input["add_generation_prompt"] = add_generation_prompt;
   try {
-    jinja::context ctx(impl_->source);
+    jinja::context ctx(impl_->lexed);
     jinja::global_from_json(ctx, input, /*mark_input=*/false);
+    ctx.set_val("strftime_now",
+                jinja::mk_val<jinja::value_func>("strftime_now", chat_files::strftime_now));
     jinja::runtime runtime(ctx);
     const jinja::value results = runtime.execute(impl_->program);
     return jinja::runtime::gather_string_parts(results)->as_string().str();
@@ -152,6 +228,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
     throw InvalidArgument(fmt::format("{}: rendering {} messages failed: {}", impl_->origin,
                                       messages.size(), e.what()));
   }
+#endif
 }
 
 const std::string& ChatTemplate::source() const { return impl_->source; }

@@ -358,6 +358,30 @@ TEST(Checkpoint, FilteredSaveHoldsTheTrainablePartAndLoadsAtAnotherWorld) {
         },
         test_options());
   }
+  // Into a model that trains every parameter: the first block and its state from the
+  // checkpoint, every other parameter and its AdamW state as they were.
+  run_local_ranks(
+      3,
+      [&](const ProcessGroupPtr& pg) {
+        TrainSpec all_trainable;
+        all_trainable.seed = 99;
+        auto t = train(all_trainable, pg, 2);
+        auto before = full_state(t, pg);
+        LoadOptions options;
+        options.filter = first_block;
+        load_checkpoint(path, *t.model, t.opt.get(), pg, options);
+        auto after = full_state(t, pg);
+        if (pg->rank() != 0) return;
+        ASSERT_EQ(after.size(), before.size());
+        int kept = 0;
+        for (const auto& [name, value] : after) {
+          const bool loaded = first_block(name);
+          EXPECT_TRUE(at::equal(value, loaded ? saved.at(name) : before.at(name))) << name;
+          kept += !loaded && name.find("#exp_avg") != std::string::npos;
+        }
+        EXPECT_GT(kept, 0) << "the excluded parameters had AdamW state to keep";
+      },
+      test_options());
   // Without the filter the partial checkpoint is refused, naming the fix; nothing changes.
   run_local_ranks(
       2,

@@ -206,6 +206,12 @@ expect_error "has no chat template: neither chat_template.jinja nor" \
 echo '{"chat_template": "{% for m in messages %}{{ m.content"}' > "$tmp/base/tokenizer_config.json"
 expect_error "tokenizer_config.json: the template does not parse" \
   "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat
+# A conversation the template refuses (Gemma's way with a system turn): its message, before the
+# weights load.
+echo '{"chat_template": "{% if messages[0].role == \"system\" %}{{ raise_exception(\"System role not supported\") }}{% endif %}{{ messages[0].content }}"}' \
+  > "$tmp/base/tokenizer_config.json"
+expect_error "System role not supported" \
+  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat --system "Be brief."
 rm -f "$tmp/base/tokenizer.json" "$tmp/base/tokenizer_config.json"
 expect_error "--generate needs the model's tokenizer.json" "$bin" --hf-dir "$tmp/base" --generate "Hi"
 [ ! -e "$tmp/bad" ] || { echo "FAILED: a refused run wrote $tmp/bad"; fail=1; }

@@ -47,7 +47,7 @@ question="What does FSDP shard?"
 "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/out" --chat --generate "$question" --max-new-tokens 8 \
   --threads 1 > "$tmp/chat.log" 2>&1 || { cat "$tmp/chat.log"; fail=1; }
 "$py" "$ref/hf_llama.py" generate --hf-dir "$tmp/out" --chat "$question" --max-new-tokens 8 \
-  > "$tmp/hf_chat.log" 2>/dev/null || { cat "$tmp/hf_chat.log"; fail=1; }
+  > "$tmp/hf_chat.log" 2> "$tmp/hf_chat.err" || { cat "$tmp/hf_chat.log" "$tmp/hf_chat.err"; fail=1; }
 for what in "prompt: [0-9]* tokens: " "generated [0-9]* tokens ([^)]*)[^:]*: "; do
   got="$(sed -n "s/^$what//p" "$tmp/chat.log")"; want="$(sed -n "s/^$what//p" "$tmp/hf_chat.log")"
   if [ -n "$want" ] && [ "$got" = "$want" ]; then echo "--chat ${what%% *} equal to transformers' ($(echo "$got" | wc -w) ids)"

@@ -36,16 +36,12 @@ CONVERSATIONS = [
                   {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}],
      "add_generation_prompt": True},
 ]
-# Templates the two engines treat differently, with why. All four are tool-use templates that
-# loop over `tools` (or `functions`) without testing it: called without tools, jinja2 raises
-# (iterating None or an undefined), llama.cpp's engine iterates nothing and renders. Only that
-# difference is accepted for them (transformers refuses, C++ renders); any other fails.
-LENIENT = "a tool-use template called without tools: jinja2 refuses to iterate None, llama.cpp renders"
+# Templates the two engines treat differently, with why. Only that difference is accepted for
+# them (transformers refuses, C++ renders); any other fails.
 KNOWN_DIFFERENT = {
-    "CohereForAI-c4ai-command-r-plus-tool_use": LENIENT,
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": LENIENT,
-    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": LENIENT,
-    "fireworks-ai-llama-3-firefunction-v2": LENIENT,
+    "fireworks-ai-llama-3-firefunction-v2": "a function-calling template called without "
+    "`functions` (a variable transformers does not pass): jinja2 refuses to iterate an undefined, "
+    "llama.cpp's engine iterates nothing and renders",
 }
 # The templates of the models this project trains (the Llama family and the Qwen2 and
 # SmolLM): these must be present in the archive and agree on every conversation.
@@ -163,7 +159,13 @@ def main():
         else:
             for k, (x, y) in enumerate(zip(ref, got["results"])):
                 if "error" in x and "error" in y:
-                    counts["both refuse"] += 1
+                    # A template's own raise_exception: the same message on both sides.
+                    said = x["error"].split(": ", 1)[1] if x["error"].startswith("TemplateError") else ""
+                    if said not in y["error"]:
+                        problems.append(f"conversation {k}: both refuse, transformers with "
+                                        f"{said!r}, C++ with {y['error'][:300]!r}")
+                    else:
+                        counts["both refuse"] += 1
                 elif "error" in x and name in KNOWN_DIFFERENT:
                     lenient.append(name)
                 elif "error" in x or "error" in y:

@@ -70,7 +70,7 @@ struct LoadOptions {
   // of the same model loads, whatever the layout that saved it.
   tp::Layout tp;
   // Which of the model's tensors to load, by state-dict name; empty: all. The others keep their
-  // values, and stored tensors it excludes (with their optimizer state) are skipped, so that
+  // values and their optimizer state, and stored tensors it excludes (with their optimizer state) are skipped, so that
   // the adapters of a full checkpoint load alone too. A partial checkpoint (SaveOptions::filter)
   // needs a filter that excludes what it does not hold.
   std::function<bool(const std::string& name)> filter;

@@ -12,9 +12,10 @@
 // namespace, ...). tests/reference/chat_template_check.py renders the published templates that
 // llama.cpp ships (Llama 3.1 to 3.3, Qwen2.5, Qwen3, SmolLM3, Gemma 2, Phi-3.5, Mistral, DeepSeek
 // R1 distills, ...) with both on the same conversations and requires equal texts and ids.
-// What it does not do: tools, documents, multimodal content lists, continue_final_message and
-// the assistant mask (transformers' {% generation %}); messages are role and text only.
-// Thread-safe: render is const, each call has its own interpreter state.
+// What it does not do: tools and documents (passed as None, as transformers does without them),
+// multimodal content lists, continue_final_message and the assistant mask (transformers'
+// {% generation %}); messages are role and text only. Thread-safe: render is const, each call
+// has its own interpreter state (and strftime_now uses localtime_r).
 #pragma once
 
 #include <map>
@@ -37,7 +38,7 @@ class ChatTemplate {
   // (bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token) come from
   // tokenizer_config.json, else special_tokens_map.json (a string or an {"content": ...}).
   // InvalidArgument naming the directory when it has no template, the file when its JSON or the
-  // template does not parse (with the line and column).
+  // template does not parse (with the engine's message and the source around the place).
   static ChatTemplate from_directory(const std::string& dir);
   // A template's source and the special tokens beside it; `origin` names it in errors.
   static ChatTemplate from_source(std::string source,
