@@ -148,6 +148,7 @@ ChatTemplate ChatTemplate::from_source(std::string source,
                                        std::map<std::string, std::string> special_tokens,
                                        std::string origin) {
 #ifdef FSDP_NO_CHAT_TEMPLATES
+  (void)source;
   (void)special_tokens;
   chat_files::no_engine(origin);
 #else
