@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base_model.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/chat_template.h"
@@ -286,9 +287,12 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
     task.tp = ll::tp_layout(b.config, mesh.tp, mesh.dp_group());
   }
   // LoRA: checkpoints hold the adapters and their optimizer state; the frozen weights are
-  // --hf-dir's (or --seed's), built again on resume.
-  if (o.lora.rank > 0 || !o.lora_adapter.empty())
+  // --hf-dir's (or --seed's), built again on resume: the checkpoints record which (base_model.h).
+  if (o.lora.rank > 0 || !o.lora_adapter.empty()) {
     task.checkpoint_filter = fsdp::models::is_lora_parameter;
+    const auto base = base_model(o);
+    task.checkpoint_identity = {"base model", base.fingerprint, base.what};
+  }
   task.train = train.get();
   task.masked_targets = !o.loss_mask.empty();
   task.validation = val.get();

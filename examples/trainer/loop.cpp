@@ -33,6 +33,20 @@ int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
   options.tp = task.tp;
   options.filter = task.checkpoint_filter;
   auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group, options);
+  // After the load (collective; the same verdict on every rank): nothing is written, and the
+  // run stops before its first step.
+  const auto& id = task.checkpoint_identity;
+  if (!id.key.empty()) {
+    auto it = info.metadata.find(id.key);
+    if (it != info.metadata.end() && it->second != id.value) {
+      auto what = info.metadata.find(id.key + ".what");
+      throw fsdp::InvalidArgument(fmt::format(
+          "resume: {} was trained on another {}: {} ({}), this run has {} ({}); resume with "
+          "the one it was trained on",
+          info.path, id.key, what == info.metadata.end() ? "?" : what->second, it->second, id.what,
+          id.value));
+    }
+  }
   if (lead) {
     fmt::print("resume: {} (step {}, saved by {} ranks{}) loaded in {:.2f} s\n", info.path,
                info.step, info.world_size, info.partial ? ", trainable parameters only" : "",
@@ -48,6 +62,10 @@ void save(const TrainOptions& o, int steps_done, Task& task, const torch::optim:
   fsdp::SaveOptions options;
   options.keep_last = o.keep;
   options.metadata["data_step"] = std::to_string(steps_done);
+  if (!task.checkpoint_identity.key.empty()) {
+    options.metadata[task.checkpoint_identity.key] = task.checkpoint_identity.value;
+    options.metadata[task.checkpoint_identity.key + ".what"] = task.checkpoint_identity.what;
+  }
   options.tp = task.tp;
   options.filter = task.checkpoint_filter;
   auto path =

@@ -26,6 +26,14 @@ struct Task {
   // The tensors checkpoints hold (SaveOptions/LoadOptions::filter); empty: all. LoRA: the
   // adapters, the frozen weights being the base model's.
   std::function<bool(const std::string&)> checkpoint_filter;
+  // What a checkpoint must have been trained with to resume (LoRA: the frozen base model, which
+  // a partial checkpoint does not hold): `key` = `value` is written into every checkpoint's
+  // metadata with `what` (for messages) as `key`.what; a resume from a checkpoint with another
+  // value is refused by name. Empty key: none.
+  struct Identity {
+    std::string key, value, what;
+  };
+  Identity checkpoint_identity;
   const Dataset* train = nullptr;
   // The training targets hold -100 where a loss mask leaves a token out: a micro-batch with no
   // counted target then adds a zero loss (cross_entropy's mean over none would be NaN).

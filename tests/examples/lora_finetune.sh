@@ -13,7 +13,8 @@
 #    equal transformers' apply_chat_template;
 #  - bad input is refused by name, nothing trained or written: a target that names no module,
 #    a rank above a weight's dimensions, flags that contradict the adapter directory,
-#    --export-adapter without LoRA, --chat without a template or with one that does not parse.
+#    --export-adapter without LoRA, --chat without a template or with one that does not parse,
+#    a resume from adapters trained on another base model.
 #   lora_finetune.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -198,6 +199,15 @@ expect_error "LoRA rank 40 is larger than k_proj's weight allows" \
   "$bin" "${plain[@]}" --lora-rank 40 --lora-targets q_proj,k_proj
 expect_error "holds rank 8 alpha 16" "$bin" "${plain[@]}" --lora-adapter "$tmp/init" --lora-rank 4
 expect_error "--export-adapter needs LoRA adapters" "$bin" "${plain[@]}"
+# Resuming from the adapters-only checkpoints on another base model (same shapes, other
+# weights): refused by name, nothing written.
+"$py" "$ref/hf_llama.py" make-tiny --out "$tmp/base2" --vocab "$vocab" --hidden 64 --layers 2 \
+  --heads 4 --kv-heads 2 --intermediate 160 --seed 8 > /dev/null 2>&1 || fail=1
+rm -rf "$tmp/ckpt_bad"; cp -r "$tmp/ckpt" "$tmp/ckpt_bad"; before="$(ls -R "$tmp/ckpt_bad")"
+expect_error "was trained on another base model: --hf-dir $tmp/base (1 weight file)" \
+  "$bin" --hf-dir "$tmp/base2" --lora-adapter "$tmp/init" --data-tokens "$tmp/data/train.bin" \
+  --seq 64 --batch 12 --steps 10 --threads 1 --save-dir "$tmp/ckpt_bad" --resume
+[ "$(ls -R "$tmp/ckpt_bad")" = "$before" ] || { echo "FAILED: the refused resume wrote into $tmp/ckpt_bad"; fail=1; }
 expect_error "--system needs --chat" "$bin" --hf-dir "$tmp/base" --generate "Hi" --system "x"
 expect_error "--chat needs --generate TEXT" "$bin" --hf-dir "$tmp/base" --chat
 rm -f "$tmp/base/tokenizer_config.json" "$tmp/base/chat_template.jinja"
