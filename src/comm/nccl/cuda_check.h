@@ -12,7 +12,15 @@ namespace fsdp::detail {
 // collectives order after whatever the caller queued there (a CUDAStreamGuard included).
 cudaStream_t current_cuda_stream(int device);
 
-// Makes `device` current for the scope, restoring the previous one.
+// Whether `device`'s primary context exists (c10::cuda::hasPrimaryContext): making a device
+// current creates its context (CUDA 12 and later), about 0.5 GiB of the GPU's memory.
+bool cuda_primary_context_exists(int device);
+
+// Makes `device` current for the scope. Sets nothing when it already is, and puts the previous
+// device back only when it changed it and the previous device's context exists: a thread that
+// never used a device (CUDA reports device 0 for it) must not create a context on GPU 0 on its
+// way out, which every process of an 8-GPU job would otherwise do (0.5 GiB each, and a failure
+// where the GPUs are in exclusive-process mode).
 class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int device);
@@ -21,7 +29,7 @@ class CudaDeviceGuard {
   CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
 
  private:
-  int previous_ = 0;
+  int previous_ = -1;  // -1: nothing to put back
 };
 
 }  // namespace fsdp::detail

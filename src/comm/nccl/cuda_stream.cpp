@@ -1,3 +1,4 @@
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "comm/nccl/cuda_check.h"
@@ -8,11 +9,8 @@ cudaStream_t current_cuda_stream(int device) {
   return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 }
 
-CudaDeviceGuard::CudaDeviceGuard(int device) {
-  cudaGetDevice(&previous_);
-  if (previous_ != device) cudaSetDevice(device);
+bool cuda_primary_context_exists(int device) {
+  return c10::cuda::hasPrimaryContext(static_cast<c10::DeviceIndex>(device));
 }
-
-CudaDeviceGuard::~CudaDeviceGuard() { cudaSetDevice(previous_); }
 
 }  // namespace fsdp::detail

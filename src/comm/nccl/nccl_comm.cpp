@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <thread>
 
 #include "fsdp/errors.h"
@@ -49,24 +50,56 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key, int child_world) {
   std::lock_guard<std::mutex> lock(mu_);
   throw_if_aborted("split");
   CudaDeviceGuard guard(device_);
-  ncclComm_t child = nullptr;
-  // config nullptr: the child inherits this communicator's (non-blocking) configuration, so it
-  // is returned at once and comes up in the background: poll the child.
-  ncclResult_t rc = ncclCommSplit(comm_, color, key, &child, nullptr);
+  // config nullptr: the child inherits this communicator's (non-blocking) configuration.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  const ncclResult_t rc = ncclCommSplit(comm_, color, key, slot.get(), nullptr);
   if (rc != ncclSuccess && rc != ncclInProgress) {
-    if (child) ncclCommAbort(child);
+    // Refused before any job started (NCCL clears the slot on that path).
+    const std::string why = ncclGetLastError(comm_);
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclSuccess) {
+      throw CommError("nccl", "split", rank_, world_,
+                      fmt::format("ncclCommSplit returned {}: {}; nothing was started and the "
+                                  "parent communicator is unchanged",
+                                  ncclGetErrorString(rc), why));
+    }
+    const std::string cause =
+        fmt::format("ncclCommSplit returned {}: {}", ncclGetErrorString(rc), why);
+    abort_locked(cause + "; the communicator was aborted");
+    throw CommError("nccl", "split", rank_, world_, cause + "; the communicator was aborted");
+  }
+  // The parent first: the child's handle exists only once the parent's job is over.
+  try {
+    settle_locked("split", "a peer did not take part in the split");
+  } catch (...) {
+    // settle_locked aborted the parent, which stops the child's initialisation too. NCCL may
+    // still write the slot: it is left allocated (leaked) on purpose.
+    ncclComm_t* leaked = slot.release();
+    if (ncclComm_t child = __atomic_load_n(leaked, __ATOMIC_ACQUIRE)) ncclCommAbort(child);
+    throw;
+  }
+  ncclComm_t child = __atomic_load_n(slot.get(), __ATOMIC_ACQUIRE);
+  if (child == nullptr) {
     throw CommError("nccl", "split", rank_, world_,
-                    fmt::format("ncclCommSplit returned {}: {}", ncclGetErrorString(rc),
-                                ncclGetLastError(comm_)));
+                    "ncclCommSplit completed without a child communicator (every rank passes a "
+                    "color here); the parent communicator is usable");
   }
   std::shared_ptr<NcclComm> out(new NcclComm(child, key, child_world, device_, timeout_));
-  {
-    std::lock_guard<std::mutex> child_lock(out->mu_);
-    out->settle_locked("split", "a peer did not take part in the split");
-    int child_rank = -1;
-    if (ncclCommUserRank(child, &child_rank) == ncclSuccess) out->rank_ = child_rank;
+  std::lock_guard<std::mutex> child_lock(out->mu_);
+  try {
+    // The child's own initialisation state; on failure settle_locked aborts the child alone.
+    out->settle_locked("split", "the child communicator did not finish its initialisation");
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(
+        "nccl", "split", rank_, world_,
+        e.cause() + " (the child communicator, which was aborted; the parent is usable)");
+  } catch (const CommError& e) {
+    throw CommError(
+        "nccl", "split", rank_, world_,
+        e.cause() + " (the child communicator, which was aborted; the parent is usable)");
   }
-  settle_locked("split", "a peer did not take part in the split");
+  int child_rank = -1;
+  if (ncclCommUserRank(child, &child_rank) == ncclSuccess) out->rank_ = child_rank;
   return out;
 }
 
@@ -160,18 +193,30 @@ std::string NcclComm::async_error() {
 }
 
 void NcclComm::abort(const std::string& cause) {
-  std::lock_guard<std::mutex> lock(mu_);
-  abort_locked(cause);
+  ncclComm_t doomed = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    doomed = mark_aborted_locked(cause);
+  }
+  if (doomed == nullptr) return;
+  CudaDeviceGuard guard(device_);
+  ncclCommAbort(doomed);
+}
+
+ncclComm_t NcclComm::mark_aborted_locked(const std::string& cause) {
+  if (aborted_) return nullptr;
+  // The flag and the cause under the lock: nobody is inside an NCCL call on this communicator
+  // now, and every later call sees the flag and throws instead of touching the handle.
+  cause_ = cause;
+  aborted_ = true;
+  return comm_;
 }
 
 void NcclComm::abort_locked(const std::string& cause) {
-  if (aborted_) return;
-  // The flag and the cause first, under the lock: nobody can be inside an NCCL call on this
-  // communicator now, and nobody will start one after it is gone.
-  cause_ = cause;
-  aborted_ = true;
+  ncclComm_t doomed = mark_aborted_locked(cause);
+  if (doomed == nullptr) return;
   CudaDeviceGuard guard(device_);
-  ncclCommAbort(comm_);
+  ncclCommAbort(doomed);
 }
 
 }  // namespace fsdp::detail

@@ -26,6 +26,18 @@ class NcclComm {
                                         std::chrono::milliseconds timeout);
   // ncclCommSplit (collective over this communicator): the ranks that pass the same color form
   // the child, ordered by `key`. The child inherits the timeout and is non-blocking too.
+  //
+  // On a non-blocking parent the split is an asynchronous job of the parent: ncclCommSplit
+  // returns ncclInProgress, and NCCL writes the child's handle only when that job ends (NCCL's
+  // init.cc: the job stores it on exit, success or failure), so the parent is settled first,
+  // then the child's own initialisation. Errors:
+  //  - ncclCommSplit refuses at once: CommError; nothing was started, the parent is usable.
+  //  - the parent's job fails or outlasts the timeout: CommError or TimeoutError; the parent
+  //    (and a child NCCL wrote) is aborted, every later call on it throws with that cause.
+  //  - the child fails its own initialisation: CommError; the child is aborted, the parent,
+  //    whose part is done, stays usable.
+  // The slot NCCL writes the handle into is on the heap and is never freed while NCCL may still
+  // write it (a failed split leaks its 8 bytes rather than risk a late write).
   std::shared_ptr<NcclComm> split(int color, int key, int child_world);
 
   // Flushes (ncclCommFinalize, bounded by the timeout) and destroys; after an abort, nothing
@@ -51,7 +63,10 @@ class NcclComm {
   // The watchdog's question: NCCL's asynchronous error as a sentence, or "" when there is none
   // (or the communicator is already aborted).
   std::string async_error();
-  // Aborts the communicator once, remembering `cause` for every later call. Never throws.
+  // Aborts the communicator once, remembering `cause` for every later call. Never throws. The
+  // flag is set under the lock, so no call starts on the communicator after it; ncclCommAbort
+  // itself (it joins NCCL's threads: it can take seconds) runs after the lock is released, so
+  // launches and waits on other threads throw the cause at once instead of queueing behind it.
   void abort(const std::string& cause);
   bool aborted() const { return aborted_; }
 
@@ -70,6 +85,10 @@ class NcclComm {
   // Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress. `late` says what
   // a timeout means for this operation.
   void settle_locked(const char* op, const char* late);
+  // Marks the communicator aborted with `cause` (under mu_) and returns the handle to abort, or
+  // nullptr when it already was.
+  ncclComm_t mark_aborted_locked(const std::string& cause);
+  // mark_aborted_locked and ncclCommAbort, for failures met by a call already holding mu_.
   void abort_locked(const std::string& cause);
 
   std::mutex mu_;  // every use of comm_
