@@ -6,9 +6,12 @@
 // element. The block size is a multiple of 4 so that the scales start 4-byte aligned and read
 // back as float32 in place.
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "fsdp/runtime/comm_hooks.h"
@@ -97,7 +100,13 @@ class DequantizeWork final : public Work {
         output_(std::move(output)),
         send_(std::move(send)),
         q_(std::move(q)),
-        world_(world) {}
+        world_(world) {
+    // The stream current at issue, on the issuing thread: finish() queues the dequantization
+    // there whichever thread completes the work.
+    const auto device = output_.device();
+    if (!device.is_cpu())
+      issue_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+  }
 
   // True only once the output holds the values: a gather that completed is dequantized here
   // (compute, no wait).
@@ -118,10 +127,13 @@ class DequantizeWork final : public Work {
   }
 
  private:
-  // On a GPU the dequantization is queued on the current stream, the one the runtime issued the
-  // gather on and waits on (comm_hooks.h), so the bytes freed after it are not reused early.
+  // On a GPU the dequantization is queued on the stream that was current when the gather was
+  // issued, the one the runtime waits on (comm_hooks.h), so the bytes freed after it are not
+  // reused early; not on whatever stream the thread that polls is_completed() has current.
   void finish() {
     gather_.reset();
+    std::optional<c10::StreamGuard> on_issue_stream;
+    if (issue_stream_) on_issue_stream.emplace(*issue_stream_);
     dequantize_into(gathered_, q_, world_, output_);
     gathered_ = at::Tensor();
     send_ = at::Tensor();
@@ -133,6 +145,7 @@ class DequantizeWork final : public Work {
   at::Tensor gathered_, output_, send_;  // send_: alive until the gather completed
   QuantLayout q_;
   int world_;
+  std::optional<c10::Stream> issue_stream_;  // none on the CPU
   bool done_ = false;
 };
 

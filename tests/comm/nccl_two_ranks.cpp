@@ -77,6 +77,30 @@ TEST(NcclTwoRanks, SplitIntoSingletons) {
   EXPECT_TRUE(at::equal(t.cpu(), want));
 }
 
+// One color: the child holds both ranks. NCCL's split of a non-blocking parent completes with
+// the parent's job (the first GPU run read the child first and crashed); afterwards both the
+// parent and the child work, also with their collectives interleaved without waits between
+// (two communicators of one device run in the host's issue order: nccl_group.cpp).
+TEST(NcclTwoRanks, SplitWholeKeepsBothUsable) {
+  auto& pg = *dist().group;
+  const int w = pg.size(), r = pg.rank();
+  auto child = pg.split(/*color=*/0);
+  ASSERT_EQ(child->size(), w);
+  EXPECT_EQ(child->rank(), r);
+  auto sum = at::zeros({1001}, at::kDouble);
+  for (int k = 0; k < w; ++k) sum += values(k, 1001);
+  std::vector<at::Tensor> tensors;
+  std::vector<WorkPtr> works;
+  for (int i = 0; i < 16; ++i) {
+    tensors.push_back(on_gpu(values(r, 1001), at::kFloat));
+    works.push_back((i % 2 ? *child : pg).all_reduce(tensors.back(), ReduceOp::kSum));
+  }
+  for (auto& work : works) work->wait();
+  for (const auto& t : tensors) expect_equal(t, sum, "interleaved all_reduce");
+  pg.barrier()->wait();
+  child->barrier()->wait();
+}
+
 TrainSpec cuda_spec() {
   TrainSpec s;
   s.device = dist().device;

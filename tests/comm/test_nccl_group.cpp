@@ -3,17 +3,20 @@
 // the peer, and init_from_env's current device. Compiled and linked wherever the CUDA toolkit
 // and NCCL are; skips without a GPU.
 #include <ATen/Context.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "fsdp/comm/backends.h"
 #include "fsdp/comm/wait_clock.h"
 #include "fsdp/errors.h"
 #include "fsdp/launch/launch.h"
+#include "fsdp/runtime/comm_hooks.h"
 #include "support/gpu.h"
 
 namespace fsdp {
@@ -179,6 +182,59 @@ TEST(NcclGroup, InitFromEnvSetsTheCurrentDevice) {
   EXPECT_EQ(c10::cuda::current_device(), last);
   EXPECT_EQ(d.group->device(), d.device);
   c10::cuda::set_device(0);
+}
+
+// Issue 39, item 8: collectives of two communicators on one device run in the order the host
+// issued them (nccl_group.cpp, DeviceLaunchOrder), as an FSDP group's prefetched all-gather and
+// a tensor-parallel all-reduce must, or they can deadlock across ranks. Group a's gather is held
+// back 50 ms on its stream; group b's gather reads what a's wrote. Without the order, b's stream
+// waits only for the caller's stream and reads the zeros there before a's gather lands.
+TEST(NcclGroup, TwoCommunicatorsOfOneDeviceRunInIssueOrder) {
+  SKIP_WITHOUT_GPU();
+  setenv("FSDP_DEBUG_COMM_DELAY_MS", "50", 1);
+  auto a = engine_group();
+  unsetenv("FSDP_DEBUG_COMM_DELAY_MS");
+  auto b = engine_group();
+  const int64_t n = 1 << 20;
+  auto ones = at::ones({n}, cuda());
+  auto middle = at::zeros({n}, cuda());
+  auto last = at::zeros({n}, cuda());
+  auto wa = a->all_gather(middle, ones);
+  auto wb = b->all_gather(last, middle);
+  wb->wait();
+  wa->wait();
+  EXPECT_TRUE(at::equal(last.cpu(), ones.cpu())) << "b's gather ran before a's";
+}
+
+// Issue 39, item 8: a quantized gather completed from another thread (whose current stream is
+// held busy) dequantizes on the stream current at issue, which the issuer reads on at once.
+TEST(NcclGroup, QuantizedGatherDequantizesOnTheIssuingStream) {
+  SKIP_WITHOUT_GPU();
+  auto pg = engine_group();
+  auto gather = quantized_all_gather({/*block_size=*/32});
+  auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+  at::Tensor input, output;
+  WorkPtr work;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    input = at::linspace(-1, 1, 4096, cuda());
+    output = at::full({4096}, std::nan(""), cuda());
+    work = gather(output, input, *pg, {0});
+  }
+  std::thread([&] {
+    // This thread's current stream (the default one) is busy for about half a second.
+    at::cuda::sleep(int64_t{1} << 30);
+    while (!work->is_completed()) std::this_thread::yield();
+  }).join();
+  at::Tensor got;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    got = output.cpu();  // ordered on `side` only
+  }
+  // int8 with one scale per 32 elements: within half a step of each block's largest / 127.
+  const double err = (got - input.cpu()).abs().max().item<double>();
+  EXPECT_LE(err, 0.5 / 127 + 1e-6) << "read before the dequantization (NaN: it ran elsewhere)";
+  c10::cuda::device_synchronize();
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -66,6 +68,31 @@ int debug_delay_ms() {
         fmt::format("FSDP_DEBUG_COMM_DELAY_MS='{}': expected milliseconds in [0, 60000]", v));
   }
   return static_cast<int>(ms);
+}
+
+// The order of NCCL launches on one device, across every communicator of the process (an FSDP
+// group and a tensor-parallel one, HSDP's shard and replica groups). NCCL's kernels wait for
+// their peers on the GPU, so two communicators whose collectives run concurrently can
+// deadlock: rank 0's all-gather waits for rank 1's, which cannot start because rank 1's GPU
+// runs a tensor-parallel all-reduce that waits for rank 0 (NCCL's guide, "Using multiple NCCL
+// communicators concurrently"). Each launch therefore starts after the previous launch on the
+// device, whichever group made it: the GPU runs them in the host's issue order, which is the
+// same on every rank of an SPMD program (NCCL_LAUNCH_ORDER_IMPLICIT's rule, made here for any
+// NCCL version). Communication still overlaps compute; only collectives of different groups no
+// longer overlap each other.
+struct DeviceLaunchOrder {
+  std::mutex mu;
+  cudaEvent_t tail = nullptr;          // recorded after the last launch on the device
+  cudaStream_t tail_stream = nullptr;  // the stream it was recorded on
+};
+
+DeviceLaunchOrder& launch_order(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<DeviceLaunchOrder>> orders;  // never freed: process-wide
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = orders[device];
+  if (!slot) slot = std::make_unique<DeviceLaunchOrder>();
+  return *slot;
 }
 
 // Runs on CUDA's host-callback thread, in stream order: the stream stalls while it sleeps.
@@ -220,8 +247,19 @@ class NcclProcessGroup final : public ProcessGroup {
       int64_t bytes = 0;
       for (const auto& t : tensors) bytes = std::max<int64_t>(bytes, t.nbytes());
       FSDP_RANGE_BYTES(std::string("fsdp::comm::") + op, bytes);
+      auto& order = launch_order(device_);
+      std::lock_guard<std::mutex> order_lock(order.mu);
+      if (order.tail == nullptr) {
+        FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&order.tail, cudaEventDisableTiming), op, rank(),
+                        size());
+      } else if (order.tail_stream != stream_) {
+        // The previous launch on this device was another group's (DeviceLaunchOrder).
+        FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, order.tail, 0), op, rank(), size());
+      }
       // Under the communicator's lock: the watchdog cannot abort it halfway.
       comm_->run(op, [&](ncclComm_t c) { return issue(c, stream_); });
+      FSDP_CUDA_CHECK(cudaEventRecord(order.tail, stream_), op, rank(), size());
+      order.tail_stream = stream_;
     }
     FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), op, rank(), size());
     if (cudaError_t rc = cudaEventRecord(done, stream_); rc != cudaSuccess) {
@@ -248,7 +286,9 @@ class NcclProcessGroup final : public ProcessGroup {
   // has not completed within the timeout. Every wait and launch after that throws CommError
   // with the cause.
   void watch() {
-    CudaDeviceGuard guard(device_);
+    // The thread is ours and ends here: its device is set once, never put back (a guard would
+    // put back device 0 on the way out, and create a context there: CudaDeviceGuard).
+    cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
       watchdog_cv_.wait_for(lock, std::chrono::milliseconds(100));
