@@ -4,8 +4,11 @@
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
+#include <string>
 
 #include "support/gpu.h"
 #include "support/train_harness.h"
@@ -98,6 +101,10 @@ TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
             << max_rel_param_error(got, want) << "\n";
   EXPECT_LT(max_rel_loss_error(got, want), 1e-5);
   EXPECT_LT(max_rel_param_error(got, want), 1e-5);
+  // The harness's own gather of a pinned host shard goes through the group's device (the first
+  // GPU run failed here, in the test's gather_full, not in the library).
+  auto host = at::arange(10, at::kFloat).pin_memory();
+  EXPECT_TRUE(at::equal(gather_full(pg, host, 10).cpu(), host));
 
   auto model = build_model(s);
   auto root = shard_model(model, pg, s);
@@ -118,35 +125,77 @@ TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
 }
 
 // Optimizer-state offload alone: the parameters stay on the GPU, AdamW's moments are host
-// tensors, and the update equals CUDA's fused AdamW to rounding.
+// tensors, and the step runs the CPU's fused AdamW instead of CUDA's: the same algorithm in
+// float32, so the two agree to rounding, and the test compares what rounding leaves comparable.
+//  - After the first step, every element (within 1e-6 of each tensor's largest).
+//  - After three, every element within allclose(1e-5, 1e-6), except the attention's key bias
+//    (elements [dim, 2 dim) of in_proj_bias): its gradient is zero in exact arithmetic (softmax
+//    ignores a shift of every score in a row), so once the two runs differ in a last bit, each
+//    computes other rounding noise there, which AdamW normalises into steps of up to about lr
+//    of either sign. There the bound is AdamW's: with bias correction |m_hat| / sqrt(v_hat) is
+//    at most 1.0036 for steps 2 and 3 (betas 0.9, 0.999; Cauchy-Schwarz over the moments' sums),
+//    so two runs that agree after step 1 differ by at most 2 * 2 * 1.0036 lr there.
 TEST_F(CudaTest, OptimizerStateOffloadMatchesTheDeviceStep) {
   auto s = spec();
   auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
-  std::vector<std::vector<at::Tensor>> finals;
+  const int steps = 3;
+  // Per run: the parameters after step 1 and after the last, by name.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> first(2), last(2);
   for (bool offload : {false, true}) {
     auto model = build_model(s);
     auto root = shard_model(model, pg, s);
     FusedAdamW opt(root.parameters(), torch::optim::AdamWOptions(s.lr));
     opt.set_state_offload(offload);
-    for (int step = 0; step < 3; ++step) {
+    for (int step = 0; step < steps; ++step) {
       auto [tokens, targets] = global_batch(s, step);
       opt.zero_grad();
       loss_of(root(tokens.to(s.device)), targets.to(s.device), s.model.output_size()).backward();
       opt.step();
+      auto& into = step == 0 ? first[offload] : last[offload];
+      if (step != 0 && step != steps - 1) continue;
+      for (const auto& item : model->named_parameters()) {
+        into.emplace_back(item.key(), item.value().detach().cpu().clone());
+      }
     }
-    std::vector<at::Tensor> params;
     for (const auto& p : root.parameters()) {
       EXPECT_TRUE(p.is_cuda()) << "the parameters stay on the device";
       auto& state =
           static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
       EXPECT_EQ(state.exp_avg().is_cpu(), offload);
-      params.push_back(p.detach().cpu());
     }
-    finals.push_back(params);
   }
-  for (size_t i = 0; i < finals[0].size(); ++i) {
-    EXPECT_TRUE(at::allclose(finals[1][i], finals[0][i], 1e-5, 1e-6)) << "parameter " << i;
+  double first_worst = 0;
+  for (size_t i = 0; i < first[0].size(); ++i) {
+    const auto& [name, want] = first[0][i];
+    const auto& got = first[1][i].second;
+    const double err =
+        (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-12);
+    first_worst = std::max(first_worst, err);
+    EXPECT_LE(err, 1e-6) << name << " after the first step";
   }
+  const int64_t dim = s.model.dim;
+  const double key_bound = 2 * 2 * 1.0036 * s.lr;
+  double key_worst = 0;
+  for (size_t i = 0; i < last[0].size(); ++i) {
+    const auto& [name, want] = last[0][i];
+    auto got = last[1][i].second;
+    if (name.find("attn.in_proj_bias") != std::string::npos) {
+      auto key = (got.narrow(0, dim, dim) - want.narrow(0, dim, dim)).abs().max().item<double>();
+      key_worst = std::max(key_worst, key);
+      EXPECT_LE(key, key_bound) << name << ": the key bias beyond AdamW's step bound";
+      // The rest of the bias: queries and values.
+      for (int64_t begin : {int64_t{0}, 2 * dim}) {
+        EXPECT_TRUE(at::allclose(got.narrow(0, begin, dim), want.narrow(0, begin, dim), 1e-5, 1e-6))
+            << name << " elements from " << begin;
+      }
+      continue;
+    }
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << name;
+  }
+  std::cout << "optimizer-state offload: after step 1 worst rel diff " << first_worst
+            << (first_worst == 0 ? " (identical)" : "") << "; after " << steps
+            << " steps the key bias differs by up to " << key_worst << " (bound " << key_bound
+            << ")\n";
 }
 
 class FakeCudaWorld : public CudaTest, public ::testing::WithParamInterface<int> {};

@@ -163,11 +163,14 @@ at::Tensor gather_full(const ProcessGroupPtr& pg, const at::Tensor& shard, int64
   auto range = shard_range(full_dim0, world, pg->rank());
   auto row_shape = shard.sizes().vec();
   row_shape[0] = range.rows_per_rank;
-  auto padded = at::zeros(row_shape, shard.options());
+  // The buffers on the group's device, not the shard's: under CPU offload a shard is a pinned
+  // host tensor and the NCCL group gathers CUDA tensors (as the runtime's own gathers do).
+  const auto on_group = shard.options().device(pg->device()).pinned_memory(false);
+  auto padded = at::zeros(row_shape, on_group);
   if (shard.numel() > 0) padded.narrow(0, 0, shard.size(0)).copy_(shard.detach());
   auto all_shape = row_shape;
   all_shape[0] = range.rows_per_rank * world;
-  auto all = at::empty(all_shape, shard.options());
+  auto all = at::empty(all_shape, on_group);
   pg->all_gather(all, padded)->wait();
   std::vector<at::Tensor> parts;
   for (int r = 0; r < world; ++r) {
