@@ -10,8 +10,13 @@
 # either way they load that machine's libtorch, CUDA runtime and NCCL (one libnccl.so.2 per
 # process: the wheel's, which libtorch_cuda loads too). Without MPI (none there).
 #
-#   scripts/gpu_prebuild.sh            # build, strip, copy, check with ldd against the wheels
-#   scripts/gpu_prebuild.sh --check    # only the ldd/--help check of an existing bundle
+# Every library the programs need that is neither in the wheels nor on every such machine (the
+# tokenizer's PCRE2 and utf8proc: the first GPU run did not load without them) is carried in
+# lib/, and the check resolves what they need against the bundle, the wheels and an allow-list,
+# never against this machine's system folders (scripts/gpu_bundle_libs.py).
+#
+#   scripts/gpu_prebuild.sh            # build, strip, copy, carry, check
+#   scripts/gpu_prebuild.sh --check    # only the check of an existing bundle
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$root/build-gpu-bundle"
@@ -19,7 +24,7 @@ bundle="$root/.gpu_bundle"
 gpu_site="${GPU_SITE_PACKAGES:-/opt/torch/.venv/lib/python3.12/site-packages}"
 venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
 jobs="${JOBS:-2}"
-programs=(train_minillm test_cuda nccl_two_ranks nccl_gpu_fault)
+programs=(train_minillm train_llama test_cuda nccl_two_ranks nccl_gpu_fault)
 
 # The wheels' library folders under a site-packages folder, as a search path.
 wheel_path() {
@@ -29,8 +34,10 @@ wheel_path() {
 check_bundle() {
   local site
   site="$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
-  echo "== ldd with this machine's wheels in LD_LIBRARY_PATH (as gpu_check.sh sets it)"
   local bad=0
+  echo "== every NEEDED library in the bundle, a wheel or the allow-list (not this machine's)"
+  "$venv/bin/python" "$root/scripts/gpu_bundle_libs.py" --bundle "$bundle" --site "$site" || bad=1
+  echo "== ldd with this machine's wheels in LD_LIBRARY_PATH (as gpu_check.sh sets it)"
   for f in "$bundle"/bin/* "$bundle"/lib/*.so*; do
     local out
     out="$(env -u LD_LIBRARY_PATH LD_LIBRARY_PATH="$(wheel_path "$site")" ldd "$f")"
@@ -45,9 +52,12 @@ check_bundle() {
   # libtorch_cuda must be a NEEDED entry of libfsdp: a linker with --as-needed drops it when no
   # symbol of it is referenced, and then CUDA is never registered in the process: every CUDA test
   # skips and the trainer runs on the CPU, silently.
-  local lib
+  local lib headers
   lib="$(ls "$bundle"/lib/libfsdp.so* | head -1)"
-  if objdump -p "$lib" | grep -q "NEEDED.*libtorch_cuda.so"; then
+  # Read whole before the match: `objdump | grep -q` under pipefail fails when grep stops early
+  # (objdump gets SIGPIPE), which called a good bundle bad.
+  headers="$(objdump -p "$lib")"
+  if grep -q "NEEDED.*libtorch_cuda.so" <<< "$headers"; then
     echo "== $(basename "$lib") needs libtorch_cuda.so"
   else
     echo "== $(basename "$lib") does NOT need libtorch_cuda.so (CUDA would not load there)"
@@ -121,6 +131,9 @@ for l in fsdp fsdp_models; do
   cp "$so" "$bundle/lib/$soname"
 done
 strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/*
+# What the GPU machine lacks (gpu_bundle_libs.py's allow-list and the wheels aside), from here.
+"$venv/bin/python" "$root/scripts/gpu_bundle_libs.py" --bundle "$bundle" --carry \
+  --site "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
 {
   echo "commit $(git -C "$root" rev-parse HEAD)$(git -C "$root" diff HEAD --quiet || echo ' (with changes)')"
   echo "built $(date -u +%FT%TZ) on $(uname -n) against torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
