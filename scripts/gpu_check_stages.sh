@@ -16,8 +16,12 @@ else
   PRESET=reference PY_DEVICE=cuda
 fi
 
-# gtest's verdict line: "12 passed, 0 failed, 0 skipped" (under FSDP_REQUIRE_GPU a skip fails).
+# gtest's verdict line: "12 passed, 0 failed, 0 skipped" (under FSDP_REQUIRE_GPU a skip fails);
+# gtest_isolated.py's own when it ran the binary (it adds the tests that crashed).
 gtest_counts() {
+  local isolated
+  isolated="$(sed -n 's/^gtest_isolated: //p' "$1" | tail -1)"
+  [ -n "$isolated" ] && { echo "$isolated"; return; }
   local passed failed skipped
   passed="$(grep -oE '\[  PASSED  \] [0-9]+' "$1" | grep -oE '[0-9]+$' | tail -1)"
   failed="$(grep -oE '\[  FAILED  \] [0-9]+ test' "$1" | grep -oE '[0-9]+' | tail -1)"
@@ -116,29 +120,64 @@ stage_build() {
   detail "built train_minillm, test_cuda, nccl_two_ranks, nccl_gpu_fault in $build"
 }
 
+# Two processes on cuda:0: NCCL refuses two ranks of one host on one GPU, so each names its own
+# host and they talk over loopback sockets. run_pair LOG-PREFIX SECONDS PROGRAM ARGS...
+run_pair() {
+  local prefix=$1 secs=$2 port pids=() rc=0 r
+  shift 2
+  port="$(free_port)"
+  local backend=gloo
+  [ "$PY_DEVICE" = cuda ] && backend=nccl
+  for r in 0 1; do
+    env WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 FSDP_BACKEND="$backend" \
+      NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1 \
+      NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
+      RANK=$r MASTER_PORT="$port" NCCL_HOSTID="fsdp-gpu-check-$r" \
+      timeout "$secs" "$@" > "$L/${prefix}_rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || rc=$?; done
+  return $rc
+}
+
 stage_nccl() {
   STAGE=nccl
-  NCCL_DEBUG=INFO timeout 30 "$FSDP_GPU_BIN/test_cuda" --gtest_filter='NcclGroup.*' 2>&1 |
-    tee "$L/nccl_gtest.log"
-  local rc=${PIPESTATUS[0]}
+  NCCL_DEBUG=INFO timeout 40 "$PYTHON" "$ROOT/scripts/gtest_isolated.py" "$L/nccl_gtest.log" \
+    "$FSDP_GPU_BIN/test_cuda" --gtest_filter='NcclGroup.*' > /dev/null
+  local rc=$?
+  cat "$L/nccl_gtest.log"
+  # The GPU fault alone (one rank), then with a peer: two ranks sharing the GPU, rank 0 faults.
   timeout 25 "$FSDP_GPU_BIN/nccl_gpu_fault" > "$L/nccl_fault.log" 2>&1
   local fault=$? verdict
   verdict="$([ $fault -eq 0 ] && echo named || echo "NOT named (rc $fault)")"
   # 77: no GPU to fault, a skip; allowed only in a dry run (FSDP_REQUIRE_GPU makes it 1).
+  local pair=0 pair_verdict="skipped (no GPU)"
   if [ "$fault" -eq 77 ] && [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
     fault=0 verdict="skipped (no GPU)"
+  else
+    run_pair nccl_fault2 60 "$FSDP_GPU_BIN/nccl_gpu_fault"
+    pair=$?
+    local secs
+    secs="$(grep -h "error after" "$L"/nccl_fault2_rank*.log | sed 's/ error after / /' |
+      awk '{printf "rank %s %.1f s, ", $2, $3}')"
+    pair_verdict="$([ $pair -eq 0 ] && echo "ok" || echo "FAILED (rc $pair)"): ${secs%, }"
+    cat "$L"/nccl_fault2_rank*.log
   fi
   cat "$L/nccl_fault.log"
   local said
   said="$(grep -m1 "after the fault" "$L/nccl_fault.log" | cut -c1-160)"
-  detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $verdict${said:+: $said}"
-  [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ]
+  detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $verdict${said:+: $said}" \
+    "| with a peer: $pair_verdict"
+  [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ] && [ "$pair" -eq 0 ]
 }
 
 stage_cuda_tests() {
   STAGE=cuda_tests
-  "$FSDP_GPU_BIN/test_cuda" --gtest_filter='-NcclGroup.*' 2>&1 | tee "$L/cuda_gtest.log"
-  local rc=${PIPESTATUS[0]}
+  # One test that crashes must not take the rest with it (gtest_isolated.py).
+  "$PYTHON" "$ROOT/scripts/gtest_isolated.py" "$L/cuda_gtest.log" "$FSDP_GPU_BIN/test_cuda" \
+    --gtest_filter='-NcclGroup.*' > /dev/null
+  local rc=$?
+  cat "$L/cuda_gtest.log"
   detail "$(gtest_counts "$L/cuda_gtest.log") | $(grep -h "rel err" "$L/cuda_gtest.log" | tr '\n' ' ')"
   return "$rc"
 }
@@ -240,13 +279,16 @@ stage_offload() {
   write_init || { detail "could not write the initial weights"; return 1; }
   local common=(--preset "$PRESET" --steps 6 --data synthetic --init-from "$GPU_CHECK_INIT")
   local rc=0 mode
+  # Each run's own limit fits what it runs: about 10 s of start-up and 6 steps of up to 1.3 s
+  # for fsdp-cpp; FSDP2's CPU offload needed about 60 s on the first run (pinning the host
+  # copies and 6 steps of 1.26 s).
   for mode in all optimizer; do
-    timeout 24 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
+    timeout 60 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
       --offload "$mode" --metrics-out "$L/offload_${mode}.jsonl" > "$L/offload_${mode}.log" 2>&1 ||
       rc=1
     tail -3 "$L/offload_${mode}.log"
   done
-  fsdp2 offload_fsdp2 24 "${common[@]}" --offload || rc=1
+  fsdp2 offload_fsdp2 110 "${common[@]}" --offload || rc=1
   tail -3 "$L/offload_fsdp2.log"
   "$PYTHON" - "$L" > "$L/offload.table" << 'EOF'
 import json, os, re, sys
@@ -315,24 +357,7 @@ stage_profile() {
 
 stage_two_ranks() {
   STAGE=two_ranks
-  # Two processes on cuda:0: NCCL refuses two ranks of one host on one GPU, so each names its
-  # own host and they talk over loopback sockets.
-  local nccl_env=(WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1
-    FSDP_BACKEND="$([ "$PY_DEVICE" = cuda ] && echo nccl || echo gloo)" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_IB_DISABLE=1
-    NCCL_SOCKET_IFNAME=lo NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO)
-  run_pair() {  # log-prefix seconds program args...
-    local prefix=$1 secs=$2 port pids=() rc=0
-    shift 2
-    port="$(free_port)"
-    for r in 0 1; do
-      env "${nccl_env[@]}" RANK=$r MASTER_PORT="$port" NCCL_HOSTID="fsdp-gpu-check-$r" \
-        timeout "$secs" "$@" > "$L/${prefix}_rank$r.log" 2>&1 &
-      pids+=($!)
-    done
-    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-    return $rc
-  }
-  run_pair two_ranks_tests 45 "$FSDP_GPU_BIN/nccl_two_ranks"
+  NCCL_DEBUG=INFO run_pair two_ranks_tests 60 "$FSDP_GPU_BIN/nccl_two_ranks"
   local tests=$?
   cat "$L/two_ranks_tests_rank0.log"
   run_pair two_ranks_trainer 30 "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 \
@@ -340,20 +365,196 @@ stage_two_ranks() {
   local trainer=$?
   tail -3 "$L/two_ranks_trainer_rank0.log"
   local cmp
-  cmp="$("$PYTHON" - "$L" << 'EOF'
-import json, os, sys
-L = sys.argv[1]
-def losses(name):
-    p = os.path.join(L, name)
-    return [json.loads(l)["loss"] for l in open(p)] if os.path.exists(p) else []
-one, two = losses("smoke_metrics.jsonl"), losses("two_ranks_metrics.jsonl")
-if not one or not two:
-    print("trainer world 2: no losses to compare")
-else:
-    worst = max(abs(a - b) / abs(a) for a, b in zip(one, two))
-    print(f"trainer world 2 vs 1: worst loss rel diff {worst:.1e} over {min(len(one), len(two))} steps")
-EOF
-)"
-  detail "nccl_two_ranks: $(gtest_counts "$L/two_ranks_tests_rank0.log") (rc $tests) | $cmp (rc $trainer)"
+  cmp="$(compare_losses "$L/smoke_metrics.jsonl" "$L/two_ranks_metrics.jsonl" 1e-2)"
+  detail "nccl_two_ranks: $(gtest_counts "$L/two_ranks_tests_rank0.log") (rc $tests) |" \
+    "trainer world 2 vs 1 (bf16): $cmp (rc $trainer)"
   [ "$tests" -eq 0 ] && [ "$trainer" -eq 0 ]
+}
+
+# A tiny Llama (vocab 1001: uneven shards) and a random walk over its vocabulary, for the
+# subgroup and LoRA stages: $L/tiny (the model), $L/tiny_train.bin, $L/tiny_val.bin.
+make_tiny_llama() {
+  [ -f "$L/tiny/config.json" ] && return 0
+  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$L/tiny" --vocab 1001 \
+    --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 160 --seed 7 || return 1
+  "$PYTHON" - "$L" << 'EOF'
+import sys, numpy as np
+rng = np.random.default_rng(3)
+walk = np.cumsum(rng.integers(1, 4, 12000)) % 1001
+walk[:10000].astype("<u2").tofile(f"{sys.argv[1]}/tiny_train.bin")
+walk[10000:].astype("<u2").tofile(f"{sys.argv[1]}/tiny_val.bin")
+EOF
+}
+
+# The losses of two metrics files (train_llama --metrics-out): prints "worst rel diff X over N
+# steps"; exit 1 beyond the tolerance or when either has none. compare_losses WANT GOT TOLERANCE
+compare_losses() {
+  "$PYTHON" - "$@" << 'EOF'
+import json, sys
+def losses(p):
+    try:
+        return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+    except OSError:
+        return []
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+if not a or len(a) != len(b):
+    print(f"no losses to compare ({len(a)} and {len(b)} steps)")
+    sys.exit(1)
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"worst rel diff {worst:.1e} over {len(a)} steps")
+sys.exit(0 if worst <= tol else 1)
+EOF
+}
+
+# HSDP's and tensor parallelism's NCCL subgroups (ProcessGroup::split: the first GPU run crashed
+# on every one) in the Llama trainer on two ranks sharing the GPU, against world 1, fp32:
+# 2 replicas x 1 shard, 1 x 2, and dp 1 x tp 2 with and without sequence parallelism (losses,
+# 1e-5); tp 2's --dump-logits against world 1's (1e-5).
+stage_subgroups() {
+  STAGE=subgroups
+  make_tiny_llama || { detail "could not write the tiny model"; return 1; }
+  local run=("$FSDP_GPU_BIN/train_llama" --hf-dir "$L/tiny" --data-tokens "$L/tiny_train.bin"
+    --seq 32 --batch 8 --steps 6 --lr 3e-3 --warmup 2 --threads 2)
+  local rc=0 line="" layout name cmp
+  timeout 40 "${run[@]}" --metrics-out "$L/sub_world1.jsonl" > "$L/sub_world1.log" 2>&1 || rc=1
+  tail -2 "$L/sub_world1.log"
+  for layout in "2x1:--replicas 2" "1x2:--replicas 1" "tp2:--tp 2" "tp2sp:--tp 2 --sp"; do
+    name="${layout%%:*}"
+    # shellcheck disable=SC2086
+    run_pair "sub_$name" 45 "${run[@]}" ${layout#*:} --metrics-out "$L/sub_$name.jsonl" || rc=1
+    tail -2 "$L/sub_${name}_rank0.log"
+    cmp="$(compare_losses "$L/sub_world1.jsonl" "$L/sub_$name.jsonl" 1e-5)" || rc=1
+    line+="$name: $cmp; "
+  done
+  local dump=(--hf-dir "$L/tiny" --val-tokens "$L/tiny_val.bin" --seq 32 --eval-only --threads 2
+    --count 3)
+  timeout 40 "$FSDP_GPU_BIN/train_llama" "${dump[@]}" --dump-logits "$L/sub_whole.safetensors" \
+    > "$L/sub_dump1.log" 2>&1 || rc=1
+  run_pair sub_dump_tp2 45 "$FSDP_GPU_BIN/train_llama" "${dump[@]}" --tp 2 \
+    --dump-logits "$L/sub_split.safetensors" || rc=1
+  local logits
+  logits="$("$PYTHON" - "$L/sub_whole.safetensors" "$L/sub_split.safetensors" << 'EOF'
+import sys
+try:
+    from safetensors.torch import load_file
+    a, b = (load_file(p)["logits"] for p in sys.argv[1:])
+except Exception as e:
+    print(f"no logits to compare ({e})")
+    sys.exit(1)
+err = ((a - b).abs().max() / a.abs().max()).item()
+print(f"tp2 --dump-logits {list(b.shape)}: rel diff {err:.1e}")
+sys.exit(0 if a.shape == b.shape and err <= 1e-5 else 1)
+EOF
+)" || rc=1
+  detail "vs world 1 (fp32, tolerance 1e-5): ${line}${logits}"
+  return $rc
+}
+
+# LoRA on the GPU against PEFT under FSDP2, from the same initial adapters (hf_llama.py
+# make-lora) on the same batches, world 1, fp32: the losses (1e-5).
+stage_lora() {
+  STAGE=lora
+  make_tiny_llama || { detail "could not write the tiny model"; return 1; }
+  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-lora --hf-dir "$L/tiny" --out "$L/tiny_lora" \
+    --rank 8 --alpha 16 --seed 3 || { detail "could not write the adapters"; return 1; }
+  local common=(--hf-dir "$L/tiny" --data-tokens "$L/tiny_train.bin" --seq 32 --batch 8 --steps 6
+    --lr 2e-2 --lora-adapter "$L/tiny_lora" --threads 2)
+  local rc=0
+  timeout 40 "$FSDP_GPU_BIN/train_llama" "${common[@]}" --lr-schedule constant --weight-decay 0.1 \
+    --beta2 0.95 --metrics-out "$L/lora_cpp.jsonl" > "$L/lora_cpp.log" 2>&1 || rc=1
+  tail -2 "$L/lora_cpp.log"
+  (cd "$ROOT/bench/reference" && timeout 60 "$PYTHON" -m torch.distributed.run --standalone \
+    --nproc_per_node 1 py_llama.py --mode fsdp2 --device "$PY_DEVICE" "${common[@]}") \
+    > "$L/lora_peft.log" 2>&1 || rc=1
+  tail -2 "$L/lora_peft.log"
+  # py_llama prints "step N loss X": as a metrics file for compare_losses.
+  sed -nE 's/^step ([0-9]+) loss ([^ ]+).*/{"step": \1, "loss": \2}/p' "$L/lora_peft.log" \
+    > "$L/lora_peft.jsonl"
+  local cmp
+  cmp="$(compare_losses "$L/lora_peft.jsonl" "$L/lora_cpp.jsonl" 1e-5)" || rc=1
+  detail "train_llama LoRA vs PEFT + FSDP2 (fp32, tolerance 1e-5): $cmp"
+  return $rc
+}
+
+# Llama-3.2-1B's shape (vocab 128256, hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate
+# 8192, tied, Llama 3's rope scaling; random weights): train_llama against transformers'
+# LlamaForCausalLM under FSDP2 from the same weights on the same batches, seq 2048, batch 4,
+# bf16 compute with fp32 master weights and reduction, fused AdamW, no non-finite check, with
+# and without activation checkpointing: tokens/s, MFU, peak allocated memory and the losses
+# (bf16: within 1e-2). A dry run does the same at a tiny size on the CPU.
+stage_llama() {
+  STAGE=llama
+  local dir=/dev/shm/fsdp_gpu_check_llama seq=2048 batch=4 steps=6 vocab=128256
+  local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
+    --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
+    --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
+  if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+    dir="$L/llama_dry" seq=64 batch=2 steps=4 vocab=70000
+    size=(--vocab 70000 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --tied
+      --init-std 0.02)
+  fi
+  rm -rf "$dir"
+  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$dir" "${size[@]}" --seed 1 \
+    --device "$PY_DEVICE" || { detail "could not write the model"; return 1; }
+  "$PYTHON" - "$L/llama_tokens.bin" "$vocab" << 'EOF' || return 1
+import sys, numpy as np
+np.random.default_rng(5).integers(0, int(sys.argv[2]), 1 << 20).astype("<u4").tofile(sys.argv[1])
+EOF
+  local common=(--hf-dir "$dir" --data-tokens "$L/llama_tokens.bin" --tokens-dtype uint32
+    --seq "$seq" --batch "$batch" --steps "$steps" --lr 3e-4)
+  local rc=0 ac tag
+  for ac in "" "--activation-checkpointing"; do
+    tag="${ac:+_ac}"
+    # shellcheck disable=SC2086
+    timeout 90 "$FSDP_GPU_BIN/train_llama" "${common[@]}" $ac --dtype bf16 --optimizer fused-adamw \
+      --lr-schedule constant --weight-decay 0.1 --beta2 0.95 --nonfinite off \
+      --metrics-out "$L/llama_cpp$tag.jsonl" > "$L/llama_cpp$tag.log" 2>&1 || rc=1
+    tail -3 "$L/llama_cpp$tag.log"
+    # shellcheck disable=SC2086
+    (cd "$ROOT/bench/reference" && timeout 120 "$PYTHON" -m torch.distributed.run --standalone \
+      --nproc_per_node 1 py_llama.py --mode fsdp2 --device "$PY_DEVICE" --dtype bf16 \
+      "${common[@]}" $ac) > "$L/llama_fsdp2$tag.log" 2>&1 || rc=1
+    tail -3 "$L/llama_fsdp2$tag.log"
+  done
+  rm -rf "$dir"
+  "$PYTHON" - "$L" > "$L/llama.table" << 'EOF' || rc=1
+import json, os, re, sys
+L = sys.argv[1]
+def read(name):
+    p = os.path.join(L, name)
+    return open(p).read() if os.path.exists(p) else ""
+rows, worst = [], {}
+for tag, label in (("", "no checkpointing"), ("_ac", "activation checkpointing")):
+    cpp_log, py_log = read(f"llama_cpp{tag}.log"), read(f"llama_fsdp2{tag}.log")
+    cpp = [json.loads(l) for l in read(f"llama_cpp{tag}.jsonl").splitlines() if l.strip()]
+    py = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", py_log, re.M)]
+    tps = re.search(r"median ([0-9.]+) tok/s", cpp_log)
+    mfu = re.search(r"MFU ([0-9.]+)%", cpp_log)
+    res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", py_log) or [""])[-1]))
+    c = (float(tps.group(1)) if tps else 0.0, float(mfu.group(1)) if mfu else 0.0,
+         max((r.get("peak_mem_bytes", 0) for r in cpp), default=0) / 2**20)
+    p = (float(res.get("tokens_per_s", 0)), 100 * float(res.get("mfu", 0)),
+         float(res.get("peak_mem_mb", 0)))
+    losses = [r["loss"] for r in cpp if "loss" in r]
+    worst[label] = max((abs(a - b) / abs(a) for a, b in zip(py, losses)), default=float("inf"))
+    if len(py) != len(losses):
+        worst[label] = float("inf")
+    rows.append((f"train_llama, {label}", c, worst[label]))
+    rows.append((f"transformers + FSDP2, {label}", p, None))
+print(f"{'program':<48} {'tokens/s':>9} {'MFU':>6} {'peak alloc MiB':>15} {'loss rel diff':>14}")
+for name, (t, m, mem), w in rows:
+    print(f"{name:<48} {t:>9.0f} {m:>5.1f}% {mem:>15.0f} {'' if w is None else f'{w:.1e}':>14}")
+def ratio(i, k):
+    a, b = rows[i][1][k], rows[i + 1][1][k]
+    return f"{a / b:.2f}x" if b > 0 else "?"
+ok = all(w <= 1e-2 for w in worst.values())
+line = (f"train_llama vs transformers + FSDP2: tok/s {ratio(0, 0)}, memory {ratio(0, 2)} "
+        f"({rows[0][1][0]:.0f} vs {rows[1][1][0]:.0f} tok/s, MFU {rows[0][1][1]:.1f}% vs "
+        f"{rows[1][1][1]:.1f}%); with checkpointing tok/s {ratio(2, 0)}, memory {ratio(2, 2)} | "
+        f"losses worst rel diff {max(worst.values()):.1e} ({'within' if ok else 'NOT within'} 1e-2)")
+open(os.path.join(L, "llama.detail"), "w").write(line + "\n")
+sys.exit(0 if ok and all(r[1][0] > 0 for r in rows) else 1)
+EOF
+  cat "$L/llama.table"
+  return $rc
 }

@@ -21,6 +21,16 @@ machine-readable, as bench/reference/py_minillm.py's:
 tokens_per_s is the global batch's tokens over the median step time (the first two steps left
 out when there are more than four); peak_mem_mb is the largest peak RSS of a rank (MiB), and
 peak_mem_mb_ranks each rank's. mfu is 0 on CPU (no peak to divide by).
+
+On a GPU (--device cuda, NCCL, one GPU per rank, under torchrun: scripts/gpu_check.sh's llama
+stage): --dtype bf16 is FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) with
+fp32 master weights, as train_llama --dtype bf16; --activation-checkpointing wraps every decoder
+layer in checkpoint_wrapper before fully_shard, as train_llama checkpoints every block;
+--lora-adapter trains PEFT's adapters alone. A step is timed between two device
+synchronisations (zero_grad, forward, backward, fused AdamW), peak_mem_mb is the largest
+torch.cuda.max_memory_allocated of a rank, and mfu divides the training FLOPs per token
+(train_flops_per_token in src/models/llama/model.cpp: 6 x the matmul parameters + 12 x layers x
+q width x seq) by 989 TFLOP/s (dense bf16 per H100/H200).
 """
 import argparse, contextlib, os, resource, statistics, sys, time
 
@@ -55,15 +65,44 @@ def build_model(a):
     return LlamaForCausalLM(config).train()
 
 
+def train_flops_per_token(config, seq):
+    """train_flops_per_token of src/models/llama/model.cpp, from a transformers LlamaConfig."""
+    d, layers = config.hidden_size, config.num_hidden_layers
+    head = getattr(config, "head_dim", None) or d // config.num_attention_heads
+    q, kv = config.num_attention_heads * head, config.num_key_value_heads * head
+    layer = d * q + 2 * d * kv + q * d + 3 * d * config.intermediate_size
+    return 6.0 * (layers * layer + config.vocab_size * d) + 12.0 * layers * q * seq
+
+
 def run(rank, world, a):
     torch.set_num_threads(a.threads)
     distributed = a.mode != "local"
-    if distributed:
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "RANK" not in os.environ:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
+        dist.init_process_group("nccl", rank=rank, world_size=world)
+        distributed = True
+    elif distributed:
         hf_llama.init_gloo(rank, world, a.port)
     model = build_model(a)
     vocab = model.config.vocab_size
+    flops_per_token = train_flops_per_token(model.config, a.seq)
+    layers = model.model.layers
+    if a.lora_adapter:
+        # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
+        model = hf_llama.load_peft(model, a.lora_adapter, trainable=True).train()
+    if cuda:
+        model = model.cuda()
     params = sum(p.numel() for p in model.parameters())
     named = list(model.named_parameters())
+    if a.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        parent = layers
+        for i, layer in enumerate(list(parent)):
+            parent[i] = checkpoint_wrapper(layer)
+        layers = parent
     if a.mode == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     elif a.mode == "fsdp2":
@@ -76,11 +115,17 @@ def run(rank, world, a):
             hf_llama.apply_tensor_parallel(model, mesh2["tp"])
             mesh = mesh2["dp"]
         else:
-            mesh = init_device_mesh("cpu", (world,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            mesh = init_device_mesh(a.device, (world,))
+        kwargs = {}
+        if a.dtype == "bf16":
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                       reduce_dtype=torch.float32)
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, **kwargs)
+        fully_shard(model, mesh=mesh, **kwargs)
         named = list(model.named_parameters())
+    named = [(n, p) for n, p in named if p.requires_grad]  # LoRA: the adapters only
     opt = torch.optim.AdamW(hf_llama.param_groups(named, 0.1), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
                             fused=True)
     tokens = hf_llama.read_tokens(a.data_tokens, a.tokens_dtype) if a.data_tokens else None
@@ -100,6 +145,9 @@ def run(rank, world, a):
         else:
             rows = torch.randint(0, vocab, (a.batch, a.seq + 1), generator=g)
             inputs, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+        if cuda:
+            inputs, targets = inputs.cuda(), targets.cuda()
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with loss_context():
@@ -107,6 +155,8 @@ def run(rank, world, a):
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
             loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         if hasattr(loss, "full_tensor"):
             loss = loss.full_tensor()
@@ -116,16 +166,20 @@ def run(rank, world, a):
             reported /= world
         if rank == 0:
             print(f"step {step} loss {reported.item():.9g} time {times[-1]:.3f}s", flush=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
     peaks = [peak]
     if distributed:
         peaks = [None] * world
         dist.all_gather_object(peaks, peak)
     med = statistics.median(times[2:] if len(times) > 4 else times)
     tok_s = a.batch * a.seq * dp_world / med
+    mfu = tok_s / world * flops_per_token / 989e12 if cuda else 0.0
     if rank == 0:
         print(f"RESULT mode={a.mode} world={world} tokens_per_s={tok_s:.1f} median_step_s={med:.4f} "
-              f"peak_mem_mb={max(peaks):.0f} mfu=0.000 "
+              f"peak_mem_mb={max(peaks):.0f} mfu={mfu:.4f} "
               f"peak_mem_mb_ranks={','.join(f'{p:.0f}' for p in peaks)} params={params}", flush=True)
     if distributed:
         dist.barrier()  # every rank gets here before any tears gloo down
@@ -151,6 +205,13 @@ def main():
     p.add_argument("--data-tokens", help="nanoGPT token file (train_llama's batches)")
     p.add_argument("--tokens-dtype", choices=sorted(hf_llama.TOKEN_DTYPES), default="uint16")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch draws (--data-tokens)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: NCCL, a GPU per rank (LOCAL_RANK)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: FSDP2's bf16 compute, fp32 reduction and master weights")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="checkpoint every decoder layer (checkpoint_wrapper)")
+    p.add_argument("--lora-adapter", help="PEFT adapter directory: train its adapters alone")
     a = p.parse_args()
     for k, v in PRESETS[a.preset].items():
         if getattr(a, k) is None:
@@ -164,6 +225,10 @@ def main():
         sys.exit(f"py_llama.py: error: {e}")
     if a.steps < 1 or a.batch < 1 or a.seq < 1 or a.world < 1:
         sys.exit("py_llama.py: error: --steps, --batch, --seq and --world must be positive")
+    if a.dtype == "bf16" and a.mode != "fsdp2":
+        sys.exit("py_llama.py: error: --dtype bf16 is FSDP2's mixed precision (--mode fsdp2)")
+    if a.tp > 1 and (a.device == "cuda" or a.activation_checkpointing or a.lora_adapter):
+        sys.exit("py_llama.py: error: --tp runs on the CPU without checkpointing or LoRA")
     if a.tp < 1 or a.world % a.tp or (a.tp > 1 and a.mode != "fsdp2"):
         sys.exit(f"py_llama.py: error: --tp {a.tp} must divide --world {a.world} (with --mode fsdp2)")
     if a.port is None:

@@ -292,11 +292,13 @@ def cmd_make_lora(a):
 def make_tiny(out, vocab, hidden, layers, heads, kv_heads, intermediate, tied=False, seed=0,
               dtype="fp32", max_shard_size=None, tokenizer=None, head_dim=None, rope_theta=10000.0,
               attention_bias=False, mlp_bias=False, init_std=0.1, max_position=2048,
-              rms_norm_eps=1e-5, force=False, rope_scaling=None, rope_key="rope_parameters"):
+              rms_norm_eps=1e-5, force=False, rope_scaling=None, rope_key="rope_parameters",
+              device="cpu"):
     """Writes a random LlamaForCausalLM to `out` with save_pretrained (safetensors); returns out.
     rope_scaling: a rotary scaling ({"rope_type": "llama3", "factor": ...}); rope_key
     "rope_scaling" writes it as Llama 3.1's files do (transformers 4's key beside a top-level
-    rope_theta, no rope_parameters) instead of transformers 5's rope_parameters."""
+    rope_theta, no rope_parameters) instead of transformers 5's rope_parameters. device: where
+    the weights are drawn (cuda: a billion parameters in seconds; other values than CPU's)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
     logging.set_verbosity_error()
@@ -330,7 +332,8 @@ def make_tiny(out, vocab, hidden, layers, heads, kv_heads, intermediate, tied=Fa
         mlp_bias=mlp_bias, initializer_range=init_std, max_position_embeddings=max_position,
         rms_norm_eps=rms_norm_eps, **special)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -683,13 +686,27 @@ def cmd_fsdp2_grads(a):
 
 # ---------------------------------------------------------------- CLI
 
+def hf_parameter_count(hf_dir):
+    """Parameters in a directory's safetensors files, read from their headers (no weights)."""
+    import struct
+    n = 0
+    for name in os.listdir(hf_dir):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(hf_dir, name), "rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            for key, t in header.items():
+                if key != "__metadata__":
+                    n += int(np.prod(t["shape"]))
+    return n
+
+
 def cmd_make_tiny(a):
     make_tiny(a.out, a.vocab, a.hidden, a.layers, a.heads, a.kv_heads, a.intermediate, a.tied, a.seed,
               a.dtype, a.max_shard_size, a.tokenizer, a.head_dim, a.rope_theta, a.attention_bias,
               a.mlp_bias, a.init_std, a.max_position, a.rms_norm_eps, a.force,
-              json.loads(a.rope_scaling) if a.rope_scaling else None, a.rope_key)
+              json.loads(a.rope_scaling) if a.rope_scaling else None, a.rope_key, a.device)
     files = sorted(os.listdir(a.out))
-    n = sum(p.numel() for p in load_transformers(a.out).parameters())
+    n = hf_parameter_count(a.out)
     print(f"wrote {a.out}: {n} parameters, {', '.join(files)}")
 
 
@@ -807,6 +824,7 @@ def parser():
     m.add_argument("--max-position", type=int, default=2048)
     m.add_argument("--rms-norm-eps", type=float, default=1e-5)
     m.add_argument("--force", action="store_true", help="overwrite a model already in --out")
+    m.add_argument("--device", default="cpu", help="where to draw the weights (cuda: fast for big ones)")
     m.set_defaults(func=cmd_make_tiny)
 
     g = sub.add_parser("logits", help="fp32 logits of the first K validation windows")
