@@ -147,7 +147,8 @@ for name in ${all_stages//,/ }; do
   [ -f "$GPU_CHECK_LOGS/env.sh" ] && source "$GPU_CHECK_LOGS/env.sh"
   [ -f "$GPU_CHECK_LOGS/$name.table" ] && cat "$GPU_CHECK_LOGS/$name.table"
 done
-rm -f /dev/shm/fsdp_gpu_check_init.safetensors /tmp/fsdp_gpu_check_init.safetensors
+rm -rf /dev/shm/fsdp_gpu_check_init.safetensors /tmp/fsdp_gpu_check_init.safetensors \
+  /dev/shm/fsdp_gpu_check_llama /tmp/fsdp_gpu_check_llama
 echo "total $(($(date +%s) - start))s of ${budget}s; failed: ${failed[*]:-none}" | tee -a "$summary"
 archive
 [ ${#failed[@]} -eq 0 ]

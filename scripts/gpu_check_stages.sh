@@ -484,7 +484,9 @@ stage_lora() {
 # (bf16: within 1e-2). A dry run does the same at a tiny size on the CPU.
 stage_llama() {
   STAGE=llama
-  local dir=/dev/shm/fsdp_gpu_check_llama seq=2048 batch=4 steps=6 vocab=128256
+  # Beside the reference stage's initial weights: /dev/shm when it has room (env), else /tmp.
+  local dir seq=2048 batch=4 steps=6 vocab=128256
+  dir="$(dirname "$GPU_CHECK_INIT")/fsdp_gpu_check_llama"
   local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
     --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
     --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
