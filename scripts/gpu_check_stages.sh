@@ -351,7 +351,11 @@ stage_profile() {
     --data synthetic --init-from "$GPU_CHECK_INIT" --profile-steps 2:2 \
     --profile-dir "$L/profile"
   local rc=$?
-  detail "$(grep -m1 "^profile: compute" "$L/profile.log" | cut -c1-200)"
+  # The CPU's profile prints "profile: compute ..."; a GPU's its kernel table and exposed wait.
+  local top
+  top="$(grep -A1 "^device kernel" "$L/profile.log" | tail -1 | awk '{print $1, $NF}')"
+  detail "$(grep -m1 -E "^profile: (compute|exposed)" "$L/profile.log" | cut -c1-160)" \
+    "${top:+| top kernel: $top}"
   return "$rc"
 }
 

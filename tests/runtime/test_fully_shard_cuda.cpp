@@ -90,13 +90,18 @@ TEST_F(CudaTest, NcclWorldOneBf16ReductionCountsBf16Bytes) {
 
 // CPU offload on a GPU (FSDP2's CPUOffloadPolicy): the shards, so their gradients and AdamW's
 // state, are pinned host tensors; the unit computes on the GPU. The training equals the one
-// without offload to rounding (the optimizer then runs the CPU's fused kernel, not CUDA's).
+// without offload to rounding (the optimizer then runs the CPU's fused kernel, not CUDA's). The
+// attention's packed in-projection bias is frozen: its key part has a gradient that is zero up
+// to rounding, which AdamW turns into lr-sized steps of either sign once the two kernels differ
+// in a last bit (OptimizerStateOffloadMatchesTheDeviceStep bounds it; on the first H200 run it
+// made this comparison 0.016 after 10 steps while the loss agreed to 2.1e-7).
 TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
-  auto s = spec();
   auto pg = make_nccl_group(0, 1, 0, make_nccl_unique_id());
-  auto want = train_sharded(s, pg);
-  s.offload = CPUOffloadPolicy{};
-  auto got = train_sharded(s, pg);
+  auto compared = spec();
+  compared.edit_model = freeze_attention_bias;
+  auto want = train_sharded(compared, pg);
+  compared.offload = CPUOffloadPolicy{};
+  auto got = train_sharded(compared, pg);
   std::cout << "cuda offload: loss rel err " << max_rel_loss_error(got, want) << ", param rel err "
             << max_rel_param_error(got, want) << "\n";
   EXPECT_LT(max_rel_loss_error(got, want), 1e-5);
@@ -106,6 +111,9 @@ TEST_F(CudaTest, OffloadKeepsShardsPinnedOnTheHostAndTrainsTheSame) {
   auto host = at::arange(10, at::kFloat).pin_memory();
   EXPECT_TRUE(at::equal(gather_full(pg, host, 10).cpu(), host));
 
+  // Where everything lives, every parameter trained.
+  auto s = spec();
+  s.offload = CPUOffloadPolicy{};
   auto model = build_model(s);
   auto root = shard_model(model, pg, s);
   FusedAdamW opt(root.parameters(), torch::optim::AdamWOptions(s.lr));
