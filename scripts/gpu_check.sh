@@ -106,7 +106,11 @@ record() {  # stage status seconds detail
 
 # After env, no CUDA test may skip and the trainer may not fall back to the CPU.
 [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] || export FSDP_REQUIRE_GPU=1
+# The checkout's HEAD, and the bundle's own record (a device copy of the tree can carry another
+# HEAD than the one the bundle was built from).
+bundle_commit="$(sed -n '1s/^commit \([0-9a-f]\{7\}\)[0-9a-f]*/\1/p' "$root/.gpu_bundle/MANIFEST.txt" 2> /dev/null)"
 echo "gpu_check $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null)" \
+  "${bundle_commit:+bundle $bundle_commit}" \
   "budget ${budget}s stages ${1:-all}$([ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && echo " DRY RUN (CPU)")" |
   tee "$summary"
 for name in ${all_stages//,/ }; do
