@@ -50,14 +50,19 @@ for ((r = 0; r < nproc; r++)); do
 done
 
 status=0
-remaining=$nproc
-while [ "$remaining" -gt 0 ]; do
-  wait -n -p done_pid "${pids[@]}" 2>/dev/null
+# The ranks not reaped yet: `wait -n` on a list naming one already reaped returns 127 at once
+# (a rank "exiting with 127, pid unknown" was seen), so each is dropped once it is reaped.
+declare -A alive
+for p in "${pids[@]}"; do alive[$p]=1; done
+while [ "${#alive[@]}" -gt 0 ]; do
+  done_pid=""
+  wait -n -p done_pid "${!alive[@]}" 2>/dev/null
   rc=$?
-  remaining=$((remaining - 1))
+  [ -n "$done_pid" ] || break  # nothing left to wait for
+  unset "alive[$done_pid]"
   if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
     status=$rc
-    echo "launch.sh: a rank (pid ${done_pid:-?}) exited with status $rc; stopping the others" >&2
+    echo "launch.sh: a rank (pid $done_pid) exited with status $rc; stopping the others" >&2
     cleanup
   fi
 done
