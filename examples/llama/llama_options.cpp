@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -156,6 +157,13 @@ std::string check(const Options& o) {
   } else if (o.lora.rank < 0) {
     return fmt::format("--lora-rank must be >= 0 (0: full fine-tuning), got {}", o.lora.rank);
   }
+  if (o.loss_chunk < 0)
+    return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
+  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
+  if (o.fused_loss && o.lora.enabled() &&
+      std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") != o.lora.targets.end()) {
+    return "--fused-loss fuses a plain head: not with a LoRA adapter on lm_head";
+  }
   if (o.train.tp > 1) {
     // The heads must split evenly: refused here, before any rank starts communicating.
     try {
@@ -288,6 +296,12 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
                  "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
                  "then writes the model with the adapters merged");
+  app.add_flag("--fused-loss", o.fused_loss,
+               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
+               "logits never exist; the same loss and gradients)");
+  app.add_option("--loss-chunk", o.loss_chunk,
+                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
+      ->capture_default_str();
   app.add_option("--tp", t.tp,
                  "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "

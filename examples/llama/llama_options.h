@@ -50,6 +50,10 @@ struct Options {
   fsdp::models::LoraOptions lora;  // rank 0: full fine-tuning
   std::string lora_adapter;        // a PEFT adapter directory: the adapters to start from
   std::string export_adapter;      // after training, PEFT's adapter directory of the adapters
+  // The head and the loss in one (fsdp/ops/linear_cross_entropy.h): training never holds the
+  // [tokens, vocabulary] logits; chunks of loss_chunk tokens (0: automatic).
+  bool fused_loss = false;
+  int64_t loss_chunk = 0;
   trainer::TrainOptions train;
 };
 

@@ -162,17 +162,24 @@ torch::Tensor forward_backward(const TrainOptions& o, Task& task, const Batch& b
   const int64_t counted = task.masked_targets ? (batch.targets != -100).sum().item<int64_t>() : 0;
   for (int k = 0; k < o.grad_accum; ++k) {
     task.root.set_requires_gradient_sync(o.grad_accum_sync || k + 1 == o.grad_accum);
-    auto logits = task.logits(batch.tokens.narrow(0, k * micro, micro).to(device));
+    auto tokens = batch.tokens.narrow(0, k * micro, micro).to(device);
     const auto host_targets = batch.targets.narrow(0, k * micro, micro);
     auto targets = host_targets.to(device);
     // The mean over the counted targets (-100: not counted, as transformers' labels); none
-    // counted: zero, through the logits so that the backward's collectives still run.
+    // counted: zero, through the model so that the backward's collectives still run (the fused
+    // loss is zero, with zero gradients, by itself then).
     const int64_t here = task.masked_targets ? (host_targets != -100).sum().item<int64_t>() : 1;
-    auto mean = here == 0 ? logits.sum() * 0
-                : task.loss
-                    ? task.loss(logits, targets)
-                    : torch::nn::functional::cross_entropy(
-                          logits.reshape({-1, task.vocab}).to(torch::kFloat), targets.reshape(-1));
+    torch::Tensor mean;
+    if (task.fused_loss) {
+      mean = task.fused_loss(tokens, targets);
+    } else {
+      auto logits = task.logits(tokens);
+      mean = here == 0 ? logits.sum() * 0
+             : task.loss
+                 ? task.loss(logits, targets)
+                 : torch::nn::functional::cross_entropy(
+                       logits.reshape({-1, task.vocab}).to(torch::kFloat), targets.reshape(-1));
+    }
     auto loss = task.masked_targets ? mean * (static_cast<double>(here) /
                                               static_cast<double>(std::max<int64_t>(counted, 1)))
                                     : mean / o.grad_accum;

@@ -19,6 +19,11 @@ struct Task {
   torch::nn::Module* module;  // its module: state dicts, checkpoints
   LogitsFn logits;            // tokens [B, L] -> logits [B, L, vocab], through the root
   LossFn loss;                // the model's loss over those logits; null: cross-entropy
+  // Training's loss of targets [B, L] for tokens [B, L] straight from the tokens, the head and
+  // the loss fused (the mean over counted targets, 0 when none: as `loss` of `logits`); null:
+  // loss(logits(tokens)). Validation still goes through `logits`.
+  std::function<torch::Tensor(const torch::Tensor& tokens, const torch::Tensor& targets)>
+      fused_loss;
   int64_t vocab = 0;
   // Tensor parallelism: which parameters hold slices, for the global gradient norm and for
   // checkpoints of the full tensors (empty: none).

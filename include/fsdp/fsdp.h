@@ -15,6 +15,7 @@
 // launch: rank, world and engine from the launcher's environment
 #include "fsdp/launch/launch.h"
 #include "fsdp/parallel/tensor_parallel.h"
+#include "fsdp/ops/linear_cross_entropy.h"
 
 // io and data: files written durably, safetensors files, token files
 #include "fsdp/data/token_file.h"

@@ -24,11 +24,12 @@ LAYERS = {
     "data": {"util", "io"},
     "launch": {"util", "comm"},
     "parallel": {"util", "comm"},  # tensor parallelism's collectives and loss
+    "ops": {"util", "comm", "parallel"},  # fused operations (the linear cross-entropy)
     "runtime": {"util", "comm", "detail"},
     "optim": {"util", "comm", "parallel", "runtime"},
     "checkpoint": {"util", "comm", "io", "parallel", "runtime"},
     "tools": {"util", "runtime"},
-    "models": {"comm", "io", "data", "parallel", "runtime", "checkpoint", "optim", "tools"},
+    "models": {"comm", "io", "data", "parallel", "ops", "runtime", "checkpoint", "optim", "tools"},
 }
 # Layers that see some layers (None: every other) through their public headers only
 # (include/fsdp/): the models library builds as a user's would, and checkpoints, optimizer

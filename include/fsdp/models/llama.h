@@ -256,6 +256,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // `logits` from forward (whole, or this rank's chunk under tensor parallelism: TorchTitan's
   // loss parallel), in fp32: the same value on every rank of the TP group.
   torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const;
+  // loss(forward(tokens), targets) with the head and the loss fused (ops::linear_cross_entropy:
+  // the [batch, seq, vocab] logits never exist, `chunk_tokens` tokens at a time, 0: automatic);
+  // under tensor parallelism its vocabulary-parallel form. Call it through the root unit
+  // (`root.call(&LlamaForCausalLMImpl::fused_loss, tokens, targets, 0)`), which gathers the
+  // parameters as forward does. InvalidArgument for a head with a LoRA adapter or a bias.
+  torch::Tensor fused_loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                           int64_t chunk_tokens = 0);
   // The whole vocabulary's logits from forward's (gathered under tensor parallelism; no
   // gradient then).
   torch::Tensor full_logits(const torch::Tensor& logits) const;

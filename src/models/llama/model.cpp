@@ -9,6 +9,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
+#include "fsdp/ops/linear_cross_entropy.h"
 #include "model_check.h"
 
 namespace fsdp::models::llama {
@@ -470,6 +471,34 @@ torch::Tensor LlamaForCausalLMImpl::loss(const torch::Tensor& logits,
   // [tokens, columns] by the targets' count: a rank without columns has no -1 to infer.
   return tp::vocab_parallel_cross_entropy(logits.reshape({targets.numel(), columns}),
                                           targets.reshape(-1), c.offset, config_.vocab_size, tp_);
+}
+
+torch::Tensor LlamaForCausalLMImpl::fused_loss(const torch::Tensor& tokens,
+                                               const torch::Tensor& targets, int64_t chunk_tokens) {
+  FSDP_MODEL_CHECK(tied_head || (!lm_head->lora_A && !lm_head->bias.defined()),
+                   "llama: the fused loss needs a plain head (lm_head has a LoRA adapter or a "
+                   "bias)");
+  FSDP_MODEL_CHECK(targets.sizes() == tokens.sizes(),
+                   "llama: targets {} for tokens {}: expected the same shape", targets.sizes(),
+                   tokens.sizes());
+  if (sequence_parallel_) {
+    FSDP_MODEL_CHECK(tokens.dim() == 2 && tokens.size(1) % tp_->size() == 0,
+                     "llama: sequence parallelism needs the sequence ({} tokens) to divide by the "
+                     "tensor-parallel degree {}",
+                     tokens.dim() == 2 ? tokens.size(1) : 0, tp_->size());
+  }
+  auto h = to_column_input(model->forward(tokens), tp_, sequence_parallel_);
+  const auto& weight = tied_head ? model->embed_tokens->weight : lm_head->weight;
+  ops::LinearCrossEntropyOptions options;
+  options.chunk_tokens = chunk_tokens;
+  if (tp_) {
+    const auto c = tp::chunk_of(config_.vocab_size, tp_->size(), tp_->rank());
+    options.tp = tp_;
+    options.vocab_offset = c.offset;
+    options.vocab = config_.vocab_size;
+  }
+  return ops::linear_cross_entropy(h.reshape({-1, h.size(-1)}), weight, targets.reshape(-1),
+                                   options);
 }
 
 torch::Tensor LlamaForCausalLMImpl::full_logits(const torch::Tensor& logits) const {
