@@ -64,7 +64,7 @@ for layout in "w1:1:" "w2:2:" "w4:4:" "tp2:2:--tp 2" "dp2tp2:4:--tp 2" "tp2sp:2:
       "$tmp/${name}_${model}_unfused.txt" "$tmp/${name}_${model}_fused.txt" || fail=1
   done
 done
-# The automatic chunk (1001 / 64: chunks of 16 of a rank's 128 tokens).
+# The automatic chunk (a vocabulary of 1001: a rank's 128 tokens in one chunk).
 run w2_auto 2 model_tied --loss-mask "$tmp/train.mask" --fused-loss &&
   compare "w2 tied, masked fused (automatic chunk)" "$tmp/w2_model_tied_unfused.txt" \
     "$tmp/w2_auto.txt" || fail=1

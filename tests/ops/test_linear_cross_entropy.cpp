@@ -80,10 +80,12 @@ TEST(LinearCrossEntropy, EqualsTheUnfusedLossAndGradientsAtEveryChunk) {
 }
 
 TEST(LinearCrossEntropy, TheAutomaticChunkFollowsTheVocabulary) {
-  // Liger-Kernel's rule: tokens * hidden / vocab rows, a power of two.
-  EXPECT_EQ(ops::linear_cross_entropy_chunk(8192, 2048, 128256), 256);
-  EXPECT_EQ(ops::linear_cross_entropy_chunk(37, 24, 1001), 1);
-  EXPECT_EQ(ops::linear_cross_entropy_chunk(100, 4096, 1000), 100);  // vocab below hidden
+  // Liger-Kernel's rule (tokens * hidden / vocab rows, a power of two), at least 256 MiB of
+  // fp32 logits' rows, at most every token.
+  EXPECT_EQ(ops::linear_cross_entropy_chunk(8192, 2048, 128256), 512);       // the floor
+  EXPECT_EQ(ops::linear_cross_entropy_chunk(1 << 20, 8192, 128256), 65536);  // Liger's rule
+  EXPECT_EQ(ops::linear_cross_entropy_chunk(37, 24, 1001), 37);
+  EXPECT_EQ(ops::linear_cross_entropy_chunk(100, 4096, 1000), 100);
   LinearCrossEntropyOptions o;
   o.chunk_tokens = -1;
   EXPECT_THROW(ops::linear_cross_entropy_chunk(10, 10, 10, o), InvalidArgument);

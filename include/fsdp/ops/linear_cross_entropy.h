@@ -7,7 +7,7 @@
 // then the chunk's logits are dropped. The gradients are made during the forward and kept for
 // the backward (as Liger-Kernel does), so the largest transient is one chunk's logits in fp32,
 // where the unfused loss holds every token's logits and their gradient. At Llama 3's vocabulary
-// of 128,256 and 8,192 tokens that is 4 GiB each in fp32 against 128 MiB for a chunk of 256.
+// of 128,256 and 8,192 tokens that is 4 GiB each in fp32 against 256 MiB for a chunk of 512.
 //
 // The arithmetic is the unfused path's: the chunk's logits in hidden's dtype (a bf16 GEMM under
 // bf16 compute), their softmax in fp32, the gradient of the logits in fp32 scaled by 1 / count
@@ -24,8 +24,9 @@
 namespace fsdp::ops {
 
 struct LinearCrossEntropyOptions {
-  // Tokens per chunk; 0 picks Liger-Kernel's size: about tokens * hidden / vocab rows, so that a
-  // chunk's logits are about as large as the hidden states (a power of two, at least 1).
+  // Tokens per chunk; 0 picks Liger-Kernel's size, about tokens * hidden / vocab rows (a chunk's
+  // logits about as large as the hidden states), but at least the rows 256 MiB of fp32 logits
+  // hold (each chunk adds to the whole weight gradient: tiny chunks are slow); powers of two.
   int64_t chunk_tokens = 0;
   // Targets equal to this are not counted (transformers' labels of -100).
   int64_t ignore_index = -100;
