@@ -40,9 +40,11 @@ python_packages=(
   "tokenizers==0.23.3" "sentencepiece==0.2.3"  # scripts/tokenize_text.py
   "mlx[cpu]==0.32.4" "mlx-lm==0.32.2"            # MLX loads the exported directories
   "peft==0.21.2"        # LoRA: the reference adapters (tests/reference/llama_parity.py --lora)
+  "torchao==0.18.0"     # float8: Float8Linear, the reference of train_llama --float8 (3 MB)
 )
 # Their dist-info names, to tell a complete venv by a directory listing.
-python_dists=(safetensors numpy matplotlib transformers tokenizers sentencepiece mlx mlx_lm peft)
+python_dists=(safetensors numpy matplotlib transformers tokenizers sentencepiece mlx mlx_lm peft
+              torchao)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -93,6 +93,8 @@ def run(rank, world, a):
     if a.lora_adapter:
         # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
         model = hf_llama.load_peft(model, a.lora_adapter, trainable=True).train()
+    if a.float8:
+        hf_llama.convert_float8(model, a.float8_skip)  # torchao's Float8Linear, before wrapping
     if cuda:
         model = model.cuda()
     params = sum(p.numel() for p in model.parameters())
@@ -212,6 +214,10 @@ def main():
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="checkpoint every decoder layer (checkpoint_wrapper)")
     p.add_argument("--lora-adapter", help="PEFT adapter directory: train its adapters alone")
+    p.add_argument("--float8", action="store_true",
+                   help="torchao's float8 training (Float8Linear, recipe tensorwise) on the "
+                        "decoder layers' Linears, as train_llama --float8")
+    p.add_argument("--float8-skip", default="", help="with --float8: Linears left out (k_proj,...)")
     a = p.parse_args()
     for k, v in PRESETS[a.preset].items():
         if getattr(a, k) is None:
@@ -227,6 +233,8 @@ def main():
         sys.exit("py_llama.py: error: --steps, --batch, --seq and --world must be positive")
     if a.dtype == "bf16" and a.mode != "fsdp2":
         sys.exit("py_llama.py: error: --dtype bf16 is FSDP2's mixed precision (--mode fsdp2)")
+    if a.float8 and (a.tp > 1 or a.lora_adapter):
+        sys.exit("py_llama.py: error: --float8 trains without --tp and --lora-adapter")
     if a.tp > 1 and (a.device == "cuda" or a.activation_checkpointing or a.lora_adapter):
         sys.exit("py_llama.py: error: --tp runs on the CPU without checkpointing or LoRA")
     if a.tp < 1 or a.world % a.tp or (a.tp > 1 and a.mode != "fsdp2"):

@@ -164,6 +164,15 @@ std::string check(const Options& o) {
       std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") != o.lora.targets.end()) {
     return "--fused-loss fuses a plain head: not with a LoRA adapter on lm_head";
   }
+  if (o.float8.enabled || !o.float8.skip.empty()) {
+    if (!o.float8.enabled) return "--float8-skip needs --float8";
+    try {
+      fsdp::models::llama::validate_float8(model_config(o), o.float8, o.train.tp,
+                                           o.lora.enabled());
+    } catch (const std::exception& e) {
+      return fmt::format("--{}", e.what());  // "--float8: ...": validate_float8 says "float8: "
+    }
+  }
   if (o.train.tp > 1) {
     // The heads must split evenly: refused here, before any rank starts communicating.
     try {
@@ -302,6 +311,15 @@ ParseResult parse_options(int argc, char** argv, int world) {
   app.add_option("--loss-chunk", o.loss_chunk,
                  "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
       ->capture_default_str();
+  app.add_flag("--float8", o.float8.enabled,
+               "float8 training: the decoder layers' Linears run their GEMMs in float8 "
+               "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "
+               "gradients, dynamic scales); master weights, gradients and optimizer state as "
+               "without; the head stays");
+  app.add_option("--float8-skip", o.float8.skip,
+                 "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj)")
+      ->delimiter(',');
   app.add_option("--tp", t.tp,
                  "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "

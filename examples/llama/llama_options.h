@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fsdp/models/chat_template.h"
+#include "fsdp/models/float8_options.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/lora_options.h"
 #include "train_options.h"
@@ -54,6 +55,8 @@ struct Options {
   // [tokens, vocabulary] logits; chunks of loss_chunk tokens (0: automatic).
   bool fused_loss = false;
   int64_t loss_chunk = 0;
+  // float8 GEMMs in the decoder's Linears but those skipped (fsdp/models/float8_options.h).
+  fsdp::models::Float8Options float8;
   trainer::TrainOptions train;
 };
 

@@ -103,6 +103,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   if (!o.hf_dir.empty()) {
     ll::HfLoadOptions load;
     load.lora = o.lora;
+    load.float8 = o.float8;
     load.tp = mesh.tp;
     load.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) load.on_layer_built = shard_layer;
@@ -114,6 +115,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
     b.config = llama::model_config(o);
     ll::BuildOptions options;
     options.lora = o.lora;
+    options.float8 = o.float8;
     options.tp = mesh.tp;
     options.sequence_parallel = o.train.sp;
     if (!o.train.init_full_model) options.on_layer_built = shard_layer;
@@ -123,6 +125,13 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   if (!o.lora_adapter.empty()) ll::load_peft_adapter(o.lora_adapter, *b.model, o.lora, dist.group);
   if (o.document_start) b.model->model->set_document_start(*o.document_start);
   return b;
+}
+
+// Which Linears compute in float8, so that a user sees what --float8 converted.
+std::string float8_summary(const fsdp::models::Float8Options& f) {
+  if (!f.enabled) return "";
+  if (f.skip.empty()) return "; float8 Linears (tensorwise);";
+  return fmt::format("; float8 Linears (tensorwise) but {};", fmt::join(f.skip, ","));
 }
 
 // A rotary scaling as a model card states it, so that a user sees it was read (nothing for
@@ -309,7 +318,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
                   b.config.hidden_size, b.config.num_hidden_layers, b.config.num_attention_heads,
                   b.config.num_key_value_heads, b.config.intermediate_size,
                   b.config.tie_word_embeddings ? " tied" : "", rope_summary(b.config)) +
-          lora_summary(o, b.config),
+          lora_summary(o, b.config) + float8_summary(o.float8),
       ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
   task.finish = [&] {
     if (!o.export_adapter.empty()) {

@@ -121,6 +121,13 @@ expect_error "--tp not dividing the world" "--tp 3 must divide the world of 2 ra
   "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 3
 expect_error "--tp not dividing the heads" "must divide the attention heads (4) and the key/value heads (2)" \
   "${mpiexec[@]}" -n 4 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 4
+# float8 options that cannot be (fsdp/models/float8_options.h): refused before any weight loads.
+expect_error "--float8-skip without --float8" "--float8-skip needs --float8" \
+  "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8-skip k_proj
+expect_error "--float8 skipping no Linear" "'qkv' to skip names no Linear of a decoder layer" \
+  "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --float8-skip qkv
+expect_error "--float8 with --tp" "--float8: tensor parallelism (degree 2) is not supported" \
+  "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --tp 2
 
 [ "$fail" -eq 0 ] && echo "llama trainer: passed"
 exit "$fail"

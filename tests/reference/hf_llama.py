@@ -170,6 +170,18 @@ def load_transformers(hf_dir):
     return model.eval()
 
 
+def convert_float8(model, skip):
+    """torchao's float8 training (recipe "tensorwise", its default) on the decoder layers'
+    Linears but those named in `skip`, as train_llama --float8 [--float8-skip] converts them: the
+    head stays (TorchTitan's filter_fqns=["output"])."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    skip = [s for s in skip.split(",") if s]
+
+    def convert(module, fqn):
+        return ".layers." in f".{fqn}" and fqn.split(".")[-1] not in skip
+    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=convert)
+
+
 def transformers_logits(model, inputs):
     return model(input_ids=inputs, use_cache=False).logits.float()
 
@@ -450,6 +462,8 @@ def train_worker(rank, world, a, done):
     if a.lora_adapter:
         # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
         model = load_peft(model, a.lora_adapter, trainable=True).train()
+    if a.float8:
+        convert_float8(model, a.float8_skip)
     check_vocab(tokens, vocab, a.data_tokens)
     if val_tokens is not None:
         check_vocab(val_tokens, vocab, a.val_tokens)
@@ -604,6 +618,8 @@ def cmd_train(a):
         raise Fail("--document-start-id packs the training windows only (no --val-tokens)")
     if a.lora_adapter and (a.tp > 1 or a.save_final):
         raise Fail("--lora-adapter trains without --tp and --save-final")
+    if a.float8 and (a.tp > 1 or a.lora_adapter or a.save_final):
+        raise Fail("--float8 trains without --tp, --lora-adapter and --save-final")
     if a.tp > 1 and a.mode != "fsdp2":
         raise Fail("--tp needs --mode fsdp2 (PyTorch's tensor parallelism under fully_shard)")
     if a.port is None:
@@ -894,6 +910,11 @@ def parser():
     t.add_argument("--tp", type=int, default=1,
                    help="tensor parallelism (fsdp2 only): PyTorch's parallelize_module on a "
                         "(world / tp, tp) mesh, loss_parallel")
+    t.add_argument("--float8", action="store_true",
+                   help="torchao's float8 training (Float8Linear, recipe tensorwise) on the "
+                        "decoder layers' Linears")
+    t.add_argument("--float8-skip", default="",
+                   help="with --float8: Linears left out, by name (k_proj,v_proj)")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("fsdp2-grads", help="FSDP2 on gloo: are gradients averaged over ranks? "

@@ -69,6 +69,7 @@ struct HfLoadOptions {
   // LoRA adapters (BuildOptions::lora): drawn fresh, not read (a Hugging Face directory holds
   // the base model; load_peft_adapter reads adapters).
   LoraOptions lora;
+  Float8Options float8;  // BuildOptions::float8
 };
 struct HfModel {
   Config config;

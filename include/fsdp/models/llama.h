@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/models/float8_options.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/lora_options.h"
 #include "fsdp/parallel/tensor_parallel.h"
@@ -80,9 +81,14 @@ class LinearImpl : public torch::nn::Module {
   void add_lora(const LoraOptions& lora, const BuildOptions& options);
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
   double lora_scaling() const { return lora_scaling_; }
+  // The GEMMs in float8 from now on (ops::float8_linear; validate_float8 says which Linears
+  // can). Not with an adapter or tensor parallelism.
+  void use_float8();
+  bool float8() const { return float8_; }
 
  private:
   double lora_scaling_ = 0, lora_dropout_ = 0;
+  bool float8_ = false;
   TpStyle style_;
   ProcessGroupPtr tp_;
   bool sequence_parallel_ = false;
@@ -211,7 +217,17 @@ struct BuildOptions {
   // InvalidArgument for a target that names no Linear, a rank above a target's dimensions, or
   // tensor parallelism.
   LoraOptions lora;
+  // float8 (fsdp/models/float8_options.h), checked by validate_float8.
+  Float8Options float8;
 };
+
+// InvalidArgument unless `float8` can run on this model: every Linear it converts has inputs
+// and outputs that are multiples of 16, each skip names a decoder Linear, and neither tensor
+// parallelism (a weight's scale would be its shard's, not the whole weight's as torchao's
+// float8 tensor parallelism makes it) nor LoRA (adapters on float8 base weights; no reference
+// to prove them against) is asked for with it.
+void validate_float8(const Config& config, const Float8Options& float8, int tp_size = 1,
+                     bool lora = false);
 
 // LlamaModel: the child "model" of the root.
 class LlamaModelImpl : public torch::nn::Module {

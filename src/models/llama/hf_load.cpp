@@ -181,6 +181,7 @@ HfModel load_hf_model(const std::string& dir, const ProcessGroupPtr& world,
   build.tp = options.tp;
   build.sequence_parallel = options.sequence_parallel;
   build.lora = options.lora;
+  build.float8 = options.float8;
   out.model = build_llama(out.config, build);
   if (options.on_model_built) options.on_model_built(out.model);
   const int tp_size = options.tp ? options.tp->size() : 1;

@@ -9,6 +9,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
+#include "fsdp/ops/float8.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "model_check.h"
 
@@ -71,6 +72,14 @@ void adapt(Linear& linear, const std::string& name, const BuildOptions& o) {
   }
 }
 
+// The Linear computes in float8 unless the options skip it (Float8Options).
+void convert_float8(Linear& linear, const std::string& name, const BuildOptions& o) {
+  const auto& skip = o.float8.skip;
+  if (o.float8.enabled && std::find(skip.begin(), skip.end(), name) == skip.end()) {
+    linear->use_float8();
+  }
+}
+
 // transformers' rotate_half: the two halves of the last dimension, (-x2, x1).
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -130,7 +139,17 @@ void LinearImpl::add_lora(const LoraOptions& lora, const BuildOptions& o) {
   lora_dropout_ = lora.dropout;
 }
 
+void LinearImpl::use_float8() {
+  FSDP_MODEL_CHECK(style_ == TpStyle::kNone && !lora_A,
+                   "llama: float8 Linears under tensor parallelism or with LoRA adapters are "
+                   "not supported");
+  const auto why = ops::float8_linear_unsupported(weight.size(1), weight.size(0));
+  FSDP_MODEL_CHECK(why.empty(), "llama: float8: {}", why);
+  float8_ = true;
+}
+
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (float8_) return ops::float8_linear(x, weight, bias);
   if (lora_A) {
     // PEFT's lora.Linear.forward: the base layer's result, then the update added in its order.
     auto y = torch::nn::functional::linear(x, weight, bias);
@@ -270,6 +289,10 @@ AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
   adapt(k_proj, "k_proj", o);
   adapt(v_proj, "v_proj", o);
   adapt(o_proj, "o_proj", o);
+  convert_float8(q_proj, "q_proj", o);
+  convert_float8(k_proj, "k_proj", o);
+  convert_float8(v_proj, "v_proj", o);
+  convert_float8(o_proj, "o_proj", o);
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& cos,
@@ -336,6 +359,9 @@ MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
   adapt(gate_proj, "gate_proj", o);
   adapt(up_proj, "up_proj", o);
   adapt(down_proj, "down_proj", o);
+  convert_float8(gate_proj, "gate_proj", o);
+  convert_float8(up_proj, "up_proj", o);
+  convert_float8(down_proj, "down_proj", o);
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x_in) {
@@ -431,7 +457,8 @@ void LlamaModelImpl::set_cache(std::vector<LayerCache>* cache, int64_t* cached) 
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const Config& c, const BuildOptions& o)
     : config_((validate(c), validate_tp(c, o.tp ? o.tp->size() : 1),
-               validate_lora(c, o.lora, o.tp ? o.tp->size() : 1), c)),
+               validate_lora(c, o.lora, o.tp ? o.tp->size() : 1),
+               validate_float8(c, o.float8, o.tp ? o.tp->size() : 1, o.lora.enabled()), c)),
       tp_(tensor_parallel(o) ? o.tp : nullptr),
       sequence_parallel_(splits_sequence(o)) {
   model = register_module("model", LlamaModel(c, o));
