@@ -57,6 +57,10 @@
 #                   peak device memory beside the reference stage's figures without offload, and
 #                   the losses against the run without offload (bf16: within 1e-2)
 #   profile     45  optional: one profiled step of the reference preset (CUPTI kernel table)
+#   speed      420  only when named (scripts/gpu_check.sh speed): Llama-3.2-1B's shape, 6
+#                   steps each: train_llama plain, --fused-loss, --fused-loss --float8 (k, v
+#                   left out) against transformers + FSDP2 eager and with torchao's float8:
+#                   tokens/s, MFU, peak memory, ratios, losses against the matching reference
 # Optional stages run only when at least their cap is left before the deadline.
 #
 # Output (in $OUT, else gpu_check_out/): summary.txt, one line per stage as it ends, and
@@ -87,12 +91,15 @@ start=$(date +%s)
 failed=()
 all_stages="env,build,nccl,cuda_tests,smoke,two_ranks,subgroups,lora,llama,reference,offload,profile"
 wanted=",env,build,${1:-$all_stages},"
+# speed (issue 40's comparison) runs only when named: it alone takes most of a call.
+all_stages="$all_stages,speed"
 
 cap_of() {
   case "$1" in
     env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;;
     smoke) echo 45 ;; two_ranks) echo 100 ;; subgroups) echo 150 ;; lora) echo 70 ;;
     llama) echo 300 ;; reference) echo 170 ;; offload) echo 200 ;; profile) echo 45 ;;
+    speed) echo 420 ;;
   esac
 }
 optional() { [ "$1" = profile ]; }
@@ -121,6 +128,8 @@ for name in ${all_stages//,/ }; do
   if [ "$name" = build ] && [ "${GPU_CHECK_BUILD:-0}" != 1 ]; then
     if [ -f "$GPU_CHECK_LOGS/bundle_ok" ]; then
       record build skipped 0 "the prebuilt .gpu_bundle loads"
+    elif [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && [ -x "$root/build/bin/train_llama" ]; then
+      record build skipped 0 "dry run: this checkout's build/bin"
     else
       # Building there needs a CUDA compiler the wheel does not bring: opt-in only.
       record build skipped 0 "the bundle does not load; GPU_CHECK_BUILD=1 builds there (needs nvcc)"

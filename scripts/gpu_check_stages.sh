@@ -64,14 +64,17 @@ EOF
   [ "${shm_free:-0}" -ge 8 ] || init=/tmp/fsdp_gpu_check_init.safetensors
   # The reference stage writes and reads safetensors; the GPU machine's python may lack the
   # package: .gpu_deps/python has its wheel unpacked (scripts/gpu_bundle_deps.sh).
+  # The speed stage's reference imports torchao (float8), carried there too.
   local pythonpath=""
-  if ! "$PYTHON" -c "import safetensors.torch" 2> /dev/null; then
+  if ! "$PYTHON" -c "import safetensors.torch, torchao.float8" 2> /dev/null; then
     pythonpath="$ROOT/.gpu_deps/python"
     if PYTHONPATH="$pythonpath" "$PYTHON" -c "import safetensors.torch"; then
       echo "safetensors: from $pythonpath"
     else
       echo "safetensors: missing (the reference stage will fail; run scripts/gpu_bundle_deps.sh)"
     fi
+    PYTHONPATH="$pythonpath" "$PYTHON" -c "import torchao.float8" 2> /dev/null ||
+      echo "torchao: missing (the speed stage's float8 reference will fail)"
   fi
   local bin="$ROOT/.gpu_bundle/bin"
   # A dry run without a bundle runs this checkout's own build.
@@ -562,5 +565,109 @@ open(os.path.join(L, "llama.detail"), "w").write(line + "\n")
 sys.exit(0 if ok and all(r[1][0] > 0 for r in rows) else 1)
 EOF
   cat "$L/llama.table"
+  return $rc
+}
+
+# Faster than FSDP2 (issue 40), runnable alone (scripts/gpu_check.sh speed; not in the default
+# set): Llama-3.2-1B's shape as the llama stage (seq 2048, batch 4, bf16 compute, fp32 master
+# and reduction, fused AdamW, from the same random weights and batches), 6 steps each:
+# train_llama plain, with --fused-loss, and with --fused-loss --float8 (k and v projections
+# left out: 2048 x 512 GEMMs gain nothing in float8); transformers + FSDP2 eager, and with
+# torchao's float8 (the same Linears). tokens/s, MFU, peak allocated memory, ratios against
+# transformers + FSDP2, and each loss curve against its reference (bf16: within 1e-2; float8
+# against torchao's float8). A dry run does the same at a tiny size on the CPU.
+stage_speed() {
+  STAGE=speed
+  local dir seq=2048 batch=4 steps=6 vocab=128256
+  dir="$(dirname "$GPU_CHECK_INIT")/fsdp_gpu_check_llama"
+  local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
+    --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
+    --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
+  if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+    dir="$L/speed_dry" seq=64 batch=2 steps=4 vocab=70000
+    size=(--vocab 70000 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --tied
+      --init-std 0.02)
+  fi
+  rm -rf "$dir"
+  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$dir" "${size[@]}" --seed 1 \
+    --device "$PY_DEVICE" || { detail "could not write the model"; return 1; }
+  "$PYTHON" - "$L/speed_tokens.bin" "$vocab" << 'PY' || return 1
+import sys, numpy as np
+np.random.default_rng(5).integers(0, int(sys.argv[2]), 1 << 20).astype("<u4").tofile(sys.argv[1])
+PY
+  local common=(--hf-dir "$dir" --data-tokens "$L/speed_tokens.bin" --tokens-dtype uint32
+    --seq "$seq" --batch "$batch" --steps "$steps" --lr 3e-4)
+  local rc=0 run name
+  for run in "cpp_plain:" "cpp_fused:--fused-loss" \
+    "cpp_fused_float8:--fused-loss --float8 --float8-skip k_proj,v_proj"; do
+    name="${run%%:*}"
+    # shellcheck disable=SC2086
+    timeout 100 "$FSDP_GPU_BIN/train_llama" "${common[@]}" ${run#*:} --dtype bf16 \
+      --optimizer fused-adamw --lr-schedule constant --weight-decay 0.1 --beta2 0.95 \
+      --nonfinite off --metrics-out "$L/speed_$name.jsonl" > "$L/speed_$name.log" 2>&1 || rc=1
+    tail -2 "$L/speed_$name.log"
+  done
+  for run in "py_plain:" "py_float8:--float8 --float8-skip k_proj,v_proj"; do
+    name="${run%%:*}"
+    # shellcheck disable=SC2086
+    (cd "$ROOT/bench/reference" && timeout 120 "$PYTHON" -m torch.distributed.run --standalone \
+      --nproc_per_node 1 py_llama.py --mode fsdp2 --device "$PY_DEVICE" --dtype bf16 \
+      "${common[@]}" ${run#*:}) > "$L/speed_$name.log" 2>&1 || rc=1
+    tail -2 "$L/speed_$name.log"
+  done
+  rm -rf "$dir"
+  "$PYTHON" - "$L" > "$L/speed.table" << 'PY' || rc=1
+import json, os, re, sys
+L = sys.argv[1]
+def read(name):
+    p = os.path.join(L, name)
+    return open(p).read() if os.path.exists(p) else ""
+def cpp(name):
+    log = read(f"speed_{name}.log")
+    rows = [json.loads(l) for l in read(f"speed_{name}.jsonl").splitlines() if l.strip()]
+    tps, mfu = re.search(r"median ([0-9.]+) tok/s", log), re.search(r"MFU ([0-9.]+)%", log)
+    return dict(tps=float(tps.group(1)) if tps else 0.0, mfu=float(mfu.group(1)) if mfu else 0.0,
+                mem=max((r.get("peak_mem_bytes", 0) for r in rows), default=0) / 2**20,
+                losses=[r["loss"] for r in rows if "loss" in r])
+def py(name):
+    log = read(f"speed_{name}.log")
+    res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", log) or [""])[-1]))
+    return dict(tps=float(res.get("tokens_per_s", 0)), mfu=100 * float(res.get("mfu", 0)),
+                mem=float(res.get("peak_mem_mb", 0)),
+                losses=[float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", log, re.M)])
+runs = [("train_llama", cpp("cpp_plain"), "py_plain"),
+        ("train_llama --fused-loss", cpp("cpp_fused"), "py_plain"),
+        ("train_llama --fused-loss --float8", cpp("cpp_fused_float8"), "py_float8"),
+        ("transformers + FSDP2", py("py_plain"), None),
+        ("transformers + torchao float8 + FSDP2", py("py_float8"), None)]
+ref = {"py_plain": runs[3][1], "py_float8": runs[4][1]}
+base = runs[3][1]
+def worst(a, b):
+    if not a or len(a) != len(b):
+        return float("inf")
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+def ratio(a, b):
+    return f"{a / b:.2f}x" if b > 0 else "?"
+print(f"{'program':<40} {'tokens/s':>9} {'vs FSDP2':>9} {'MFU':>6} {'peak MiB':>9} "
+      f"{'vs FSDP2':>9} {'loss rel diff':>14}")
+ok, errs = True, {}
+for name, r, against in runs:
+    w = worst(r["losses"], ref[against]["losses"]) if against else None
+    if w is not None:
+        errs[name] = w
+        ok = ok and w <= 1e-2
+    ok = ok and r["tps"] > 0
+    print(f"{name:<40} {r['tps']:>9.0f} {ratio(r['tps'], base['tps']):>9} {r['mfu']:>5.1f}% "
+          f"{r['mem']:>9.0f} {ratio(r['mem'], base['mem']):>9} "
+          f"{'' if w is None else f'{w:.1e}':>14}")
+best = runs[2][1]
+line = (f"fused+float8 {ratio(best['tps'], base['tps'])} FSDP2's tok/s at "
+        f"{ratio(best['mem'], base['mem'])} its memory; fused {ratio(runs[1][1]['tps'], base['tps'])}; "
+        f"torchao float8 {ratio(runs[4][1]['tps'], base['tps'])} | losses worst rel diff "
+        f"{max(errs.values()):.1e} ({'within' if ok else 'NOT within'} 1e-2)")
+open(os.path.join(L, "speed.detail"), "w").write(line + "\n")
+sys.exit(0 if ok else 1)
+PY
+  cat "$L/speed.table"
   return $rc
 }
