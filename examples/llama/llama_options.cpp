@@ -164,8 +164,15 @@ std::string check(const Options& o) {
       std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") != o.lora.targets.end()) {
     return "--fused-loss fuses a plain head: not with a LoRA adapter on lm_head";
   }
-  if (o.float8.enabled || !o.float8.skip.empty()) {
-    if (!o.float8.enabled) return "--float8-skip needs --float8";
+  if (o.float8.enabled || !o.float8.skip.empty() || o.float8_all_gather) {
+    if (!o.float8.enabled) {
+      return o.float8_all_gather ? "--float8-all-gather needs --float8"
+                                 : "--float8-skip needs --float8";
+    }
+    if (o.float8_all_gather && o.train.quantize_all_gather > 0) {
+      return "--float8-all-gather and --quantize-all-gather: give one (each is the layers' "
+             "all-gather)";
+    }
     try {
       fsdp::models::llama::validate_float8(model_config(o), o.float8, o.train.tp,
                                            o.lora.enabled());
@@ -320,6 +327,10 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
                  "gate_proj, up_proj, down_proj)")
       ->delimiter(',');
+  app.add_flag("--float8-all-gather", o.float8_all_gather,
+               "With --float8: FSDP gathers those Linears' weights in float8 (torchao's "
+               "enable_fsdp_float8_all_gather): half of bf16's bytes for them, the same numbers "
+               "(at world 1, where nothing is gathered otherwise, it only adds work)");
   app.add_option("--tp", t.tp,
                  "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                  "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "

@@ -57,6 +57,7 @@ struct Options {
   int64_t loss_chunk = 0;
   // float8 GEMMs in the decoder's Linears but those skipped (fsdp/models/float8_options.h).
   fsdp::models::Float8Options float8;
+  bool float8_all_gather = false;  // their weights gathered in float8 (llama::use_float8_all_gather)
   trainer::TrainOptions train;
 };
 

@@ -88,6 +88,7 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
   auto shard_layer = [&](int64_t, fsdp::Unit<ll::DecoderLayer>& layer) {
     layer->to(dist.device);
     fsdp::fully_shard(layer, mesh, layer_options);
+    if (o.float8_all_gather) ll::use_float8_all_gather(layer);
   };
   auto shard_root = [&](ll::LlamaForCausalLM& model) {
     if (o.train.init_full_model) {
@@ -128,10 +129,12 @@ Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceM
 }
 
 // Which Linears compute in float8, so that a user sees what --float8 converted.
-std::string float8_summary(const fsdp::models::Float8Options& f) {
+std::string float8_summary(const Options& o) {
+  const auto& f = o.float8;
   if (!f.enabled) return "";
-  if (f.skip.empty()) return "; float8 Linears (tensorwise);";
-  return fmt::format("; float8 Linears (tensorwise) but {};", fmt::join(f.skip, ","));
+  return fmt::format("; float8 Linears (tensorwise){}{};",
+                     f.skip.empty() ? "" : fmt::format(" but {}", fmt::join(f.skip, ",")),
+                     o.float8_all_gather ? ", gathered in float8" : "");
 }
 
 // A rotary scaling as a model card states it, so that a user sees it was read (nothing for
@@ -318,7 +321,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
                   b.config.hidden_size, b.config.num_hidden_layers, b.config.num_attention_heads,
                   b.config.num_key_value_heads, b.config.intermediate_size,
                   b.config.tie_word_embeddings ? " tied" : "", rope_summary(b.config)) +
-          lora_summary(o, b.config) + float8_summary(o.float8),
+          lora_summary(o, b.config) + float8_summary(o),
       ll::parameter_count(b.config), ll::train_flops_per_token(b.config, o.train.seq)};
   task.finish = [&] {
     if (!o.export_adapter.empty()) {

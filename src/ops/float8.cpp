@@ -21,10 +21,19 @@ bool row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1); }
 // The three GEMMs of a linear (float8.h), on x [m, in] and weight [out, in].
 class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+  // The gathered scale travels outside the autograd inputs: an undefined one (none) is not a
+  // variable autograd can describe.
+  struct Scale {
+    at::Tensor gathered;
+  };
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const Scale& scale) {
+    const auto& gathered_scale = scale.gathered;
     ctx->save_for_backward({x, weight});
     const auto x8 = to_float8(x, at::kFloat8_e4m3fn);
-    const auto w8 = to_float8(weight, at::kFloat8_e4m3fn);
+    const auto w_scale = weight_scale(weight, gathered_scale);
+    const auto w8 = to_float8(weight, at::kFloat8_e4m3fn, w_scale);
+    ctx->saved_data["w_scale"] = w_scale;
     return float8_mm(x8, {w8.data.t(), w8.scale}, x.scalar_type());
   }
 
@@ -37,12 +46,25 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     const auto dy8 = to_float8(dy, at::kFloat8_e5m2);
     at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
-      dx = float8_mm(dy8, to_float8(weight, at::kFloat8_e4m3fn), dy.scalar_type());
+      const auto w_scale = ctx->saved_data["w_scale"].toTensor();
+      dx = float8_mm(dy8, to_float8(weight, at::kFloat8_e4m3fn, w_scale), dy.scalar_type());
     }
     if (ctx->needs_input_grad(1)) {
       dw = float8_mm({dy8.data.t(), dy8.scale}, to_float8(x, at::kFloat8_e4m3fn), dy.scalar_type());
     }
-    return {dx, dw};
+    return {dx, dw, at::Tensor()};
+  }
+
+ private:
+  // The gathered scale where it is the weight's (float8.h), else the weight's own; on the
+  // device, without a host sync.
+  static at::Tensor weight_scale(const at::Tensor& weight, const at::Tensor& gathered) {
+    const auto amax = weight.abs().max();
+    auto own = float8_scale(amax, at::kFloat8_e4m3fn);
+    if (!gathered.defined()) return own;
+    const auto g = gathered.to(own.device(), at::kFloat).reshape({});
+    const auto reach = amax.to(at::kFloat) * g / float8_max(at::kFloat8_e4m3fn);
+    return at::where((reach - 1).abs() <= 1.0 / 128, g, own);
   }
 };
 
@@ -55,14 +77,34 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype) {
   FSDP_CHECK_ARG(at::isFloatingType(t.scalar_type()) && t.numel() > 0,
                  "to_float8: expected a non-empty floating tensor, got {} of {} elements",
                  c10::toString(t.scalar_type()), t.numel());
-  const double max = float8_max(dtype);
+  return to_float8(t, dtype, float8_scale(t.abs().max(), dtype));
+}
+
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype) {
+  FSDP_CHECK_ARG(amax.numel() == 1 && at::isFloatingType(amax.scalar_type()),
+                 "float8_scale: expected one floating amax, got {} elements of {}", amax.numel(),
+                 c10::toString(amax.scalar_type()));
   // torchao's amax_to_scale: in float64 (Python's `max / amax` is amax.reciprocal() * max),
   // then float32.
-  const auto amax = t.abs().max().to(at::kDouble).clamp_min(1e-12);
-  auto scale = amax.reciprocal().mul(max).to(at::kFloat);
+  return amax.reshape({})
+      .to(at::kDouble)
+      .clamp_min(1e-12)
+      .reciprocal()
+      .mul(float8_max(dtype))
+      .to(at::kFloat);
+}
+
+Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale) {
+  FSDP_CHECK_ARG(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
+                 "to_float8: the target must be float8_e4m3fn or float8_e5m2, got {}",
+                 c10::toString(dtype));
+  FSDP_CHECK_ARG(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
+                 "to_float8: expected a float32 scale of one element, got {} of {}", scale.numel(),
+                 c10::toString(scale.scalar_type()));
+  const double max = float8_max(dtype);
   // _ToFloat8ConstrFunc and to_fp8_saturated: scaled in float32, saturated, cast.
   auto data = (t.to(at::kFloat) * scale).clamp_(-max, max).to(dtype);
-  return {std::move(data), std::move(scale)};
+  return {std::move(data), scale.reshape({})};
 }
 
 at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype) {
@@ -88,7 +130,8 @@ std::string float8_linear_unsupported(int64_t in, int64_t out) {
       in, out);
 }
 
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         const at::Tensor& weight_scale) {
   FSDP_CHECK_ARG(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
                  "float8_linear: expected x [..., in] and weight [out, in], got {} and {}",
                  x.sizes(), weight.sizes());
@@ -101,7 +144,12 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
                  "float8_linear: expected bias [{}], got {}", weight.size(0), bias.sizes());
   auto out_shape = x.sizes().vec();
   out_shape.back() = weight.size(0);
-  auto y = Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight).reshape(out_shape);
+  FSDP_CHECK_ARG(!weight_scale.defined() || weight_scale.numel() == 1,
+                 "float8_linear: expected a weight scale of one element, got {}",
+                 weight_scale.numel());
+  auto y =
+      Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight, Float8Matmul::Scale{weight_scale})
+          .reshape(out_shape);
   // Float8Linear.forward: the bias added after the GEMM, in the output's dtype.
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }

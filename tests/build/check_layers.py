@@ -24,8 +24,9 @@ LAYERS = {
     "data": {"util", "io"},
     "launch": {"util", "comm"},
     "parallel": {"util", "comm"},  # tensor parallelism's collectives and loss
-    "ops": {"util", "comm", "parallel"},  # fused operations (the linear cross-entropy)
     "runtime": {"util", "comm", "detail"},
+    # Fused operations (the linear cross-entropy, float8; float8's all-gather is a runtime hook).
+    "ops": {"util", "comm", "parallel", "runtime"},
     "optim": {"util", "comm", "parallel", "runtime"},
     "checkpoint": {"util", "comm", "io", "parallel", "runtime"},
     "tools": {"util", "runtime"},

@@ -170,16 +170,18 @@ def load_transformers(hf_dir):
     return model.eval()
 
 
-def convert_float8(model, skip):
+def convert_float8(model, skip, all_gather=False):
     """torchao's float8 training (recipe "tensorwise", its default) on the decoder layers'
     Linears but those named in `skip`, as train_llama --float8 [--float8-skip] converts them: the
-    head stays (TorchTitan's filter_fqns=["output"])."""
+    head stays (TorchTitan's filter_fqns=["output"]). all_gather: FSDP2 gathers those weights in
+    float8 (enable_fsdp_float8_all_gather), as train_llama --float8-all-gather."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     skip = [s for s in skip.split(",") if s]
 
     def convert(module, fqn):
         return ".layers." in f".{fqn}" and fqn.split(".")[-1] not in skip
-    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=convert)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather)
+    convert_to_float8_training(model, config=config, module_filter_fn=convert)
 
 
 def transformers_logits(model, inputs):
@@ -463,7 +465,7 @@ def train_worker(rank, world, a, done):
         # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
         model = load_peft(model, a.lora_adapter, trainable=True).train()
     if a.float8:
-        convert_float8(model, a.float8_skip)
+        convert_float8(model, a.float8_skip, a.float8_all_gather)
     check_vocab(tokens, vocab, a.data_tokens)
     if val_tokens is not None:
         check_vocab(val_tokens, vocab, a.val_tokens)
@@ -915,6 +917,9 @@ def parser():
                         "decoder layers' Linears")
     t.add_argument("--float8-skip", default="",
                    help="with --float8: Linears left out, by name (k_proj,v_proj)")
+    t.add_argument("--float8-all-gather", action="store_true",
+                   help="with --float8: FSDP2 all-gathers those weights in float8 (torchao's "
+                        "enable_fsdp_float8_all_gather)")
     t.set_defaults(func=cmd_train)
 
     d = sub.add_parser("fsdp2-grads", help="FSDP2 on gloo: are gradients averaged over ranks? "

@@ -9,6 +9,7 @@ must move. --check logits instead compares the logits of the first validation wi
   python llama_parity.py --cpp build/bin/train_llama --world 4 --tp 2 [--kv-heads 4]
   python llama_parity.py --cpp build/bin/train_llama --world 2 --lora [--lora-rank 4]
   python llama_parity.py --cpp build/bin/train_llama --world 2 --float8 [--float8-skip k_proj]
+      [--float8-all-gather]
   python llama_parity.py --cpp build/bin/train_llama --check logits [--count 4]
   python llama_parity.py --cpp-standin --world 2       self-test: no C++ binary (see below)
 
@@ -118,6 +119,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
         common.append(f"--lora-adapter={adapter}")
     if a.float8:
         common += ["--float8"] + ([f"--float8-skip={a.float8_skip}"] if a.float8_skip else [])
+        common += ["--float8-all-gather"] if a.float8_all_gather else []
     if a.pack:
         # Documents of 5 to 60 tokens, each starting with token 0 (a begin-of-text id), packed
         # into the windows: positions restart and attention stays inside each on both sides.
@@ -270,6 +272,9 @@ def main():
                    help="float8 training on both sides: torchao's Float8Linear (tensorwise) "
                         "against train_llama --float8; and the C++ run against itself in fp32")
     p.add_argument("--float8-skip", default="", help="with --float8: Linears left out")
+    p.add_argument("--float8-all-gather", action="store_true",
+                   help="with --float8: the weights gathered in float8 on both sides (torchao's "
+                        "enable_fsdp_float8_all_gather, train_llama --float8-all-gather)")
     p.add_argument("--kv-heads", type=int, default=SIZES["kv_heads"],
                    help="key/value heads of the tiny model (4 for --tp 4)")
     p.add_argument("--steps", type=int, default=10)

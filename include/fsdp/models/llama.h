@@ -85,10 +85,14 @@ class LinearImpl : public torch::nn::Module {
   // can). Not with an adapter or tensor parallelism.
   void use_float8();
   bool float8() const { return float8_; }
+  // The scale a float8 all-gather cast the weight with (ops::float8_linear's weight_scale; set
+  // by use_float8_all_gather's hook at each gather).
+  void set_float8_weight_scale(const torch::Tensor& scale) { float8_weight_scale_ = scale; }
 
  private:
   double lora_scaling_ = 0, lora_dropout_ = 0;
   bool float8_ = false;
+  torch::Tensor float8_weight_scale_;  // undefined: the weight's own
   TpStyle style_;
   ProcessGroupPtr tp_;
   bool sequence_parallel_ = false;
@@ -228,6 +232,12 @@ struct BuildOptions {
 // to prove them against) is asked for with it.
 void validate_float8(const Config& config, const Float8Options& float8, int tp_size = 1,
                      bool lora = false);
+
+// Gathers the float8 Linears' weights of a sharded decoder layer (or any unit holding
+// LinearImpls) in float8 (fsdp/ops/float8_all_gather.h): half of bf16's bytes for them, the
+// same numbers. Sets the unit's custom all-gather (every rank must). InvalidArgument when the
+// unit holds no float8 Linear.
+void use_float8_all_gather(FSDPModule& unit);
 
 // LlamaModel: the child "model" of the root.
 class LlamaModelImpl : public torch::nn::Module {

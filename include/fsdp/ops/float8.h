@@ -36,6 +36,11 @@ struct Float8Tensor {
 // The dynamic tensorwise cast above: any floating `t`, `dtype` e4m3fn or e5m2. Zero stays zero
 // (the amax is clamped to 1e-12); magnitudes the scale pushes past the format saturate.
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype);
+// The scale to_float8 gives a tensor whose largest magnitude is `amax` (any floating tensor of
+// one element): float32(finfo(dtype).max / max(amax, 1e-12)), computed in float64.
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype);
+// The cast with a given `scale` (float32, one element) instead of the tensor's own.
+Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale);
 
 // The GEMM a @ b of two float8 tensors (a [m, k], b [k, n], any layout: _scaled_mm's row-major
 // a and column-major b are made here), accumulated in float32, returned in `out_dtype`.
@@ -46,7 +51,16 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // costs no GEMM in the backward). Throws InvalidArgument when in or out is not a multiple of 16
 // (_scaled_mm's requirement, which torchao's filters also apply), or on mismatched shapes and
 // dtypes.
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+//
+// `weight_scale`, when defined, is the scale a float8 all-gather cast the weight's shards with
+// (fsdp/ops/float8_all_gather.h: the whole weight's, agreed over the ranks), the weight being
+// their dequantization: the forward then casts with it, which gives back the gathered float8
+// values exactly, as torchao's float8 all-gather hands its Float8 weight to the GEMM. It is
+// used only where it is the weight's (its largest magnitude times the scale within 2^-7 of the
+// format's maximum, checked on the device without a host sync), else the weight's own scale.
+// The backward casts the weight with the forward's scale.
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         const at::Tensor& weight_scale = {});
 
 // Why a Linear of `in` inputs and `out` outputs cannot run in float8, or empty when it can.
 std::string float8_linear_unsupported(int64_t in, int64_t out);

@@ -149,7 +149,7 @@ void LinearImpl::use_float8() {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (float8_) return ops::float8_linear(x, weight, bias);
+  if (float8_) return ops::float8_linear(x, weight, bias, float8_weight_scale_);
   if (lora_A) {
     // PEFT's lora.Linear.forward: the base layer's result, then the update added in its order.
     auto y = torch::nn::functional::linear(x, weight, bias);

@@ -1,14 +1,17 @@
-// validate_float8 (llama.h): which of the decoder's Linears float8 converts, and whether it can.
-#include "fsdp/ops/float8.h"
-
+// float8 in the Llama model (llama.h): which of the decoder's Linears float8 converts and whether
+// it can (validate_float8), and their weights gathered in float8 (use_float8_all_gather).
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <memory>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "fsdp/errors.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/ops/float8.h"
+#include "fsdp/ops/float8_all_gather.h"
 #include "model_check.h"
 
 namespace fsdp::models::llama {
@@ -43,6 +46,28 @@ void validate_float8(const Config& c, const Float8Options& float8, int tp_size, 
     const auto why = ops::float8_linear_unsupported(dims.first, dims.second);
     FSDP_MODEL_CHECK(why.empty(), "float8: {} is {}; skip it or train without float8", name, why);
   }
+}
+
+void use_float8_all_gather(FSDPModule& unit) {
+  FSDP_MODEL_CHECK(unit.is_sharded(), "use_float8_all_gather: the module is not sharded");
+  // Each float8 Linear by its weight; weak: the hook lives in the module's own unit state.
+  std::unordered_map<const c10::TensorImpl*, std::weak_ptr<LinearImpl>> linears;
+  for (const auto& m : unit.nn_module()->modules(/*include_self=*/true)) {
+    auto linear = std::dynamic_pointer_cast<LinearImpl>(m);
+    if (linear && linear->float8()) linears[linear->weight.unsafeGetTensorImpl()] = linear;
+  }
+  FSDP_MODEL_CHECK(!linears.empty(), "use_float8_all_gather: the unit holds no float8 Linear");
+  ops::Float8AllGatherOptions options;
+  std::vector<std::weak_ptr<LinearImpl>> by_index;
+  for (const auto& p : unit.parameters()) {
+    auto it = linears.find(p.unsafeGetTensorImpl());
+    options.float8.push_back(it != linears.end());
+    by_index.push_back(it != linears.end() ? it->second : std::weak_ptr<LinearImpl>());
+  }
+  options.on_scale = [by_index](size_t i, const at::Tensor& scale) {
+    if (auto linear = by_index[i].lock()) linear->set_float8_weight_scale(scale);
+  };
+  unit.set_custom_all_gather(ops::float8_all_gather(std::move(options)));
 }
 
 }  // namespace fsdp::models::llama
