@@ -1,5 +1,9 @@
 #include "fsdp/models/minillm.h"
 
+#include "fsdp/errors.h"
+#include "fsdp/ops/float8.h"
+#include "fsdp/ops/linear_cross_entropy.h"
+
 namespace fsdp::models::minillm {
 
 RMSNormImpl::RMSNormImpl(int64_t dim) { weight = register_parameter("weight", torch::ones({dim})); }
@@ -44,7 +48,12 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
       .transpose(0, 1);
 }
 
-TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
+TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8)
+    : float8_(float8) {
+  if (float8) {
+    const auto why = ops::float8_linear_unsupported(dim, 4 * dim);
+    if (!why.empty()) throw InvalidArgument("MiniLLM float8: the feed-forward is " + why);
+  }
   norm1 = register_module("norm1", RMSNorm(dim));
   norm2 = register_module("norm2", RMSNorm(dim));
   attn = register_module("attn", SelfAttention(dim, heads));
@@ -55,14 +64,17 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads) {
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto y = x + attn(norm1(x));
-  return y + ffn->forward(norm2(y));
+  if (!float8_) return y + ffn->forward(norm2(y));
+  // ffn's own order (fc1, SiLU, fc2) with the two GEMMs in float8.
+  const auto h = torch::silu(ops::float8_linear(norm2(y), fc1->weight, {}));
+  return y + ops::float8_linear(h, fc2->weight, {});
 }
 
 MiniLLMImpl::MiniLLMImpl(const Config& c, const BlockBuilt& on_block_built) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   auto blocks = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
-    TransformerBlock block(c.dim, c.heads);
+    TransformerBlock block(c.dim, c.heads, c.float8);
     blocks->push_back(block);
     layers.push_back(block);
     if (on_block_built) on_block_built(i, layers.back());
@@ -81,6 +93,17 @@ torch::Tensor MiniLLMImpl::forward(const torch::Tensor& tokens) {
   auto x = embed(tokens);
   for (auto& layer : layers) x = layer(x);
   return tied_head ? torch::nn::functional::linear(x, embed->weight) : head(x);
+}
+
+torch::Tensor MiniLLMImpl::fused_loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                      int64_t chunk_tokens) {
+  auto x = embed(tokens);
+  for (auto& layer : layers) x = layer(x);
+  const auto& weight = tied_head ? embed->weight : head->weight;
+  ops::LinearCrossEntropyOptions options;
+  options.chunk_tokens = chunk_tokens;
+  return ops::linear_cross_entropy(x.reshape({-1, x.size(-1)}), weight, targets.reshape(-1),
+                                   options);
 }
 
 double train_flops_per_token(const Config& c, int64_t seq) {

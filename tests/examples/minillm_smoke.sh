@@ -79,6 +79,8 @@ expect_error "--dim must be a positive integer" --dim 0
 expect_error "--heads must divide --dim" --dim 64 --heads 5
 expect_error "no such file" --data /nonexistent/text.txt
 expect_error "The following argument was not expected: --bogus" --bogus
+expect_error "--loss-chunk needs --fused-loss" --loss-chunk 8
+expect_error "need --dim a multiple of 16" --float8 --dim 40 --heads 4
 expect_error "--clip-grad-norm must be a finite number >= 0" --clip-grad-norm -1
 expect_error "--init-from /nonexistent.safetensors: no such file" --init-from /nonexistent.safetensors
 expect_error "--steps must be a positive integer" --steps -3

@@ -8,7 +8,8 @@ agree within the tolerance.
       [--replicas R] [--launcher mpi|gloo] [--mpiexec mpiexec --allow-run-as-root ...] [--steps 10]
 
 --replicas R compares hybrid sharding: FSDP2 over a (R, world / R) device mesh against
-train_minillm --replicas R.
+train_minillm --replicas R. --float8: torchao's Float8Linear on the feed-forward Linears against
+train_minillm --float8. --fused-loss: train_minillm --fused-loss against FSDP2's unfused loss.
 
 Tolerances (relative, worst step): fp32 1e-5; bf16 parameters with fp32 reduction 1e-2.
 """
@@ -40,6 +41,12 @@ def main():
     p.add_argument("--dtype", choices=sorted(TOLERANCE), default="fp32")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--fused-loss", action="store_true",
+                   help="train_minillm --fused-loss (the head and the loss fused) against FSDP2's "
+                        "unfused loss")
+    p.add_argument("--float8", action="store_true",
+                   help="float8 feed-forward Linears on both sides (torchao's Float8Linear "
+                        "against train_minillm --float8)")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--launcher", choices=["mpi", "gloo"], default="mpi")
     p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
@@ -57,7 +64,7 @@ def main():
         # Both programs step with the fused AdamW kernel (torch.optim.AdamW(fused=True) and
         # fsdp::FusedAdamW): the same arithmetic, so the losses agree to float rounding.
         common = size_flags() + [f"--steps={a.steps}", f"--lr={a.lr}", f"--init-from={init}",
-                                 "--optimizer=fused-adamw"]
+                                 "--optimizer=fused-adamw"] + (["--float8"] if a.float8 else [])
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
                   f"--port={free_port()}", f"--replicas={a.replicas}"] + common,
@@ -67,6 +74,7 @@ def main():
         metrics = os.path.join(tmp, "cpp.jsonl")
         cpp = [a.cpp, f"--batch={GLOBAL_BATCH}", f"--dtype={a.dtype}", "--data=synthetic",
                "--threads=1", f"--metrics-out={metrics}", f"--replicas={a.replicas}"] + common
+        cpp += ["--fused-loss", "--loss-chunk=7"] if a.fused_loss else []
         if a.world > 1 and a.launcher == "mpi":
             cpp = a.mpiexec + ["-n", str(a.world)] + cpp
         elif a.world > 1:
@@ -78,7 +86,9 @@ def main():
     if len(py_losses) != a.steps or len(cpp_losses) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(py_losses)} (FSDP2), {len(cpp_losses)} (C++)")
     layout = f" as {a.replicas} replicas" if a.replicas > 1 else ""
-    print(f"world {a.world}{layout}, {a.dtype}, C++ over {a.launcher}, FSDP2 over gloo")
+    print(f"world {a.world}{layout}, {a.dtype}{', float8 feed-forward' if a.float8 else ''}"
+          f"{', C++ fused loss (chunks of 7 tokens)' if a.fused_loss else ''}, "
+          f"C++ over {a.launcher}, FSDP2 over gloo")
     print(f"{'step':>4} {'FSDP2 (PyTorch)':>16} {'fsdp-cpp':>16} {'rel err':>10}")
     worst = 0.0
     for step, (want, got) in enumerate(zip(py_losses, cpp_losses)):

@@ -33,6 +33,11 @@ struct Config {
   // The output head reuses the embedding's weight (tied; needs outputs == 0): one tensor
   // registered as both embed.weight and head.weight.
   bool tie_embeddings = false;
+  // float8 training of each block's feed-forward Linears (fc1, fc2: fsdp/ops/float8.h, torchao's
+  // recipe tensorwise): what torchao's convert_to_float8_training changes in the PyTorch
+  // example's model, whose nn.MultiheadAttention uses its projections' weights itself. dim must
+  // be a multiple of 16 (InvalidArgument otherwise).
+  bool float8 = false;
 };
 
 // nn.RMSNorm(dim): x * rsqrt(mean(x^2) + eps) * weight through torch::rms_norm, whose eps
@@ -65,7 +70,8 @@ TORCH_MODULE(SelfAttention);
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  TransformerBlockImpl(int64_t dim, int64_t heads);
+  // float8: fc1 and fc2 compute in float8 (Config::float8).
+  TransformerBlockImpl(int64_t dim, int64_t heads, bool float8 = false);
   // x: [batch, seq, dim] (batch first, like the PyTorch example).
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -74,6 +80,9 @@ class TransformerBlockImpl : public torch::nn::Module {
   // ffn = Sequential(fc1, SiLU, fc2), PyTorch's layout: parameters ffn.0.weight, ffn.2.weight.
   torch::nn::Sequential ffn{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+
+ private:
+  bool float8_ = false;
 };
 TORCH_MODULE(TransformerBlock);
 
@@ -88,6 +97,13 @@ class MiniLLMImpl : public torch::nn::Module {
   explicit MiniLLMImpl(const Config& config, const BlockBuilt& on_block_built = nullptr);
   // tokens: [batch, seq] int64 -> logits [batch, seq, output_size()].
   torch::Tensor forward(const torch::Tensor& tokens);
+  // The mean cross-entropy of the logits forward gives against `targets` ([batch, seq], -100
+  // not counted), with the head and the loss fused (ops::linear_cross_entropy: the [tokens,
+  // output_size()] logits never exist; chunks of `chunk_tokens`, 0: automatic). Call it
+  // through the root unit (`root.call(&MiniLLMImpl::fused_loss, tokens, targets, 0)`), which
+  // gathers the root's parameters as forward does.
+  torch::Tensor fused_loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                           int64_t chunk_tokens = 0);
 
   torch::nn::Embedding embed{nullptr};
   // The blocks, registered as the children of a ModuleList named "layers" (PyTorch's names).
