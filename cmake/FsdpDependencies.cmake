@@ -102,3 +102,30 @@ if(FSDP_HAVE_NCCL)
     set(FSDP_HAVE_NVTX TRUE)
   endif()
 endif()
+
+# The CUDA kernels (src/ops/cuda: fsdp/ops/fused.h): nvcc from the CUDA toolkit (or
+# CMAKE_CUDA_COMPILER, e.g. pip's nvidia-cuda-nvcc) and a CUDA build of libtorch. Off: the
+# fused ops run their ATen twins, as on the CPU.
+set(FSDP_WITH_CUDA_KERNELS AUTO CACHE STRING "Build the CUDA kernels (AUTO/ON/OFF)")
+set(FSDP_HAVE_CUDA_KERNELS FALSE)
+if(NOT FSDP_WITH_CUDA_KERNELS STREQUAL "OFF" AND FSDP_TORCH_HAS_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  find_package(CUDAToolkit QUIET)
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+    # Hopper (sm_90) machine code and PTX, which later GPUs compile at load.
+    set(FSDP_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures of the kernels")
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES ${FSDP_CUDA_ARCHITECTURES})
+    endif()
+    enable_language(CUDA)
+    set(FSDP_HAVE_CUDA_KERNELS TRUE)
+  endif()
+endif()
+if(FSDP_WITH_CUDA_KERNELS STREQUAL "ON" AND NOT FSDP_HAVE_CUDA_KERNELS)
+  message(FATAL_ERROR "FSDP_WITH_CUDA_KERNELS=ON but nvcc, the CUDA toolkit or a CUDA libtorch "
+                      "was not found")
+endif()

@@ -10,6 +10,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
 #include "fsdp/ops/float8.h"
+#include "fsdp/ops/fused.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "model_check.h"
 
@@ -216,13 +217,10 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const BuildOptions& o)
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // LlamaRMSNorm.forward, not torch::rms_norm: the variance in fp32 and the weight applied
   // after the cast back, which rounds differently in bf16.
-  const auto input_dtype = x.scalar_type();
-  auto h = x.to(torch::kFloat);
-  auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  h = h * torch::rsqrt(variance + eps_);
   // Under sequence parallelism each rank normalises its chunk of the sequence: the weight's
-  // gradient from every chunk is summed over the group (copy_to_tp's backward).
-  return (sp_ ? tp::copy_to_tp(weight, sp_) : weight) * h.to(input_dtype);
+  // gradient from every chunk is summed over the group (copy_to_tp's backward). One kernel on
+  // a GPU with the CUDA kernels, else this formula op for op (fsdp/ops/fused.h).
+  return ops::rms_norm(x, sp_ ? tp::copy_to_tp(weight, sp_) : weight, eps_);
 }
 
 namespace {
@@ -366,7 +364,8 @@ MLPImpl::MLPImpl(const Config& c, const BuildOptions& o)
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x_in) {
   const auto x = to_column_input(x_in, tp_, sequence_parallel_);
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  // silu(gate) * up: one kernel on a GPU with the CUDA kernels (fsdp/ops/fused.h).
+  return down_proj(ops::swiglu(gate_proj(x), up_proj(x)));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const Config& c, const BuildOptions& o) {

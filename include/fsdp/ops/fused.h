@@ -1,0 +1,26 @@
+// Fused elementwise operations of the Llama block, each one kernel forward and one backward on
+// a GPU when the CUDA kernels are built (FSDP_WITH_CUDA_KERNELS; cuda_kernels_built() says),
+// and its ATen twin elsewhere (the CPU, a libtorch or build without them, mixed dtypes). The
+// twin is the unfused formula transformers' Llama computes, op for op; the kernel computes the
+// same in float32 with the twin's roundings to the tensors' dtype (so fp32 agrees to float
+// rounding, bf16 within the rounding of the values it stores), where ATen runs several
+// kernels and keeps their intermediates for the backward.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace fsdp::ops {
+
+// LlamaRMSNorm: weight * cast(x32 * rsqrt(mean(x32^2, -1) + eps)) with x32 = float32(x) and
+// cast back to x's dtype before the weight: x [..., d], weight [d]. The kernel keeps one float
+// per row (its rsqrt) for the backward instead of the twin's float32 copies of x.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// SwiGLU's product: cast(silu(gate)) * up, gate and up of one shape and dtype. The kernel keeps
+// gate and up for the backward (the twin also keeps silu(gate)).
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// Whether this build has the CUDA kernels (nvcc, sm_90 and PTX).
+bool cuda_kernels_built();
+
+}  // namespace fsdp::ops

@@ -1,0 +1,31 @@
+// The CUDA kernels behind fsdp/ops/fused.h, as plain launchers (no ATen: nvcc compiles this
+// folder alone, quickly). Each works on contiguous rows in the caller's dtype, computes in
+// float32 and rounds where the ATen twin rounds (fused.h), and queues on `stream`. Returns the
+// launch's error (cudaSuccess when queued).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fsdp::ops::cuda {
+
+enum class DType { kFloat, kBFloat16, kHalf };
+
+// y = weight * cast(x * rstd) for n rows of d elements, rstd[row] = rsqrt(mean(x^2) + eps).
+cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
+                             int64_t n, int64_t d, float eps, cudaStream_t stream);
+// dx (the dtype) and dweight (float32, d elements, written: the sum over rows); `workspace`
+// holds rms_norm_workspace_floats(n, d) floats.
+cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
+                              const float* rstd, void* dx, float* dweight, float* workspace,
+                              int64_t n, int64_t d, cudaStream_t stream);
+int64_t rms_norm_workspace_floats(int64_t n, int64_t d);
+
+// out = cast(silu(gate)) * up over numel elements, and its backward.
+cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t numel,
+                           cudaStream_t stream);
+cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up,
+                            void* dgate, void* dup, int64_t numel, cudaStream_t stream);
+
+}  // namespace fsdp::ops::cuda

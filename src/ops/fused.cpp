@@ -1,0 +1,157 @@
+#include "fsdp/ops/fused.h"
+
+#include <torch/autograd.h>
+
+#include "util/check.h"
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <string>
+
+#include "ops/cuda/fused_kernels.h"
+#endif
+
+namespace fsdp::ops {
+namespace {
+
+at::Tensor rms_norm_twin(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto h = x.to(at::kFloat);
+  const auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+at::Tensor swiglu_twin(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::optional<cuda::DType> kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return cuda::DType::kFloat;
+    case at::kBFloat16:
+      return cuda::DType::kBFloat16;
+    case at::kHalf:
+      return cuda::DType::kHalf;
+    default:
+      return std::nullopt;
+  }
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw fsdp::Error(std::string("fsdp::ops::") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+cudaStream_t stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
+                            double eps) {
+    c10::cuda::CUDAGuard guard(x_in.device());
+    const auto x = x_in.contiguous(), w = w_in.contiguous();
+    const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
+    auto y = at::empty_like(x);
+    auto rstd = at::empty({n}, x.options().dtype(at::kFloat));
+    check_launch(cuda::rms_norm_forward(*kernel_dtype(x.scalar_type()), x.data_ptr(), w.data_ptr(),
+                                        y.data_ptr(), rstd.data_ptr<float>(), n, d,
+                                        static_cast<float>(eps), stream_of(x)),
+                 "rms_norm");
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto dy = grads[0].contiguous();
+    const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
+    auto dx = at::empty_like(x);
+    auto dw = at::empty({d}, x.options().dtype(at::kFloat));
+    auto workspace =
+        at::empty({cuda::rms_norm_workspace_floats(n, d)}, x.options().dtype(at::kFloat));
+    check_launch(cuda::rms_norm_backward(*kernel_dtype(x.scalar_type()), dy.data_ptr(),
+                                         x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
+                                         dx.data_ptr(), dw.data_ptr<float>(),
+                                         workspace.data_ptr<float>(), n, d, stream_of(x)),
+                 "rms_norm backward");
+    return {dx, dw.to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_in,
+                            const at::Tensor& up_in) {
+    c10::cuda::CUDAGuard guard(gate_in.device());
+    const auto gate = gate_in.contiguous(), up = up_in.contiguous();
+    auto out = at::empty_like(gate);
+    check_launch(cuda::swiglu_forward(*kernel_dtype(gate.scalar_type()), gate.data_ptr(),
+                                      up.data_ptr(), out.data_ptr(), gate.numel(), stream_of(gate)),
+                 "swiglu");
+    ctx->save_for_backward({gate, up});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1];
+    c10::cuda::CUDAGuard guard(gate.device());
+    const auto dout = grads[0].contiguous();
+    auto dgate = at::empty_like(gate), dup = at::empty_like(up);
+    check_launch(cuda::swiglu_backward(*kernel_dtype(gate.scalar_type()), dout.data_ptr(),
+                                       gate.data_ptr(), up.data_ptr(), dgate.data_ptr(),
+                                       dup.data_ptr(), gate.numel(), stream_of(gate)),
+                 "swiglu backward");
+    return {dgate, dup};
+  }
+};
+#endif
+
+}  // namespace
+
+bool cuda_kernels_built() {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  FSDP_CHECK_ARG(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
+                 "rms_norm: expected x [..., d] and weight [d], got {} and {}", x.sizes(),
+                 weight.sizes());
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (x.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
+      kernel_dtype(x.scalar_type()) && x.numel() > 0) {
+    return RmsNormFunction::apply(x, weight, eps);
+  }
+#endif
+  return rms_norm_twin(x, weight, eps);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  FSDP_CHECK_ARG(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+                 "swiglu: gate and up must share shape and dtype, got {} ({}) and {} ({})",
+                 gate.sizes(), c10::toString(gate.scalar_type()), up.sizes(),
+                 c10::toString(up.scalar_type()));
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (gate.is_cuda() && up.device() == gate.device() && kernel_dtype(gate.scalar_type()) &&
+      gate.numel() > 0) {
+    return SwigluFunction::apply(gate, up);
+  }
+#endif
+  return swiglu_twin(gate, up);
+}
+
+}  // namespace fsdp::ops
