@@ -109,15 +109,18 @@ endif()
 set(FSDP_WITH_CUDA_KERNELS AUTO CACHE STRING "Build the CUDA kernels (AUTO/ON/OFF)")
 set(FSDP_HAVE_CUDA_KERNELS FALSE)
 if(NOT FSDP_WITH_CUDA_KERNELS STREQUAL "OFF" AND FSDP_TORCH_HAS_CUDA)
-  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
-    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  # The toolkit's usual place when nvcc is not on PATH; check_language still test-compiles
+  # with it, so an nvcc that cannot build here turns the kernels off instead of failing.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
   endif()
   include(CheckLanguage)
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
-    # Hopper (sm_90) machine code and PTX, which later GPUs compile at load.
-    set(FSDP_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures of the kernels")
+    # Ampere (sm_80) and Hopper (sm_90) machine code and PTX, which later GPUs compile at load;
+    # fused.cpp keeps older GPUs on the ATen twins.
+    set(FSDP_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures of the kernels")
     if(NOT CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES ${FSDP_CUDA_ARCHITECTURES})
     endif()

@@ -15,6 +15,14 @@ double float8_max(at::ScalarType dtype) {
   return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;  // torch.finfo(...).max
 }
 
+// `data` [m, k] (float8) with zero rows after it up to a multiple of 16.
+at::Tensor pad_rows(const at::Tensor& data) {
+  const int64_t m = data.size(0), padded = (m + 15) / 16 * 16;
+  auto out = at::zeros({padded, data.size(1)}, data.options().dtype(at::kByte));
+  out.narrow(0, 0, m).copy_(data.contiguous().view(at::kByte));
+  return out.view(data.scalar_type());
+}
+
 // torchao's is_row_major: the stride of rows above that of columns.
 bool row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1); }
 
@@ -50,7 +58,15 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
       dx = float8_mm(dy8, to_float8(weight, at::kFloat8_e4m3fn, w_scale), dy.scalar_type());
     }
     if (ctx->needs_input_grad(1)) {
-      dw = float8_mm({dy8.data.t(), dy8.scale}, to_float8(x, at::kFloat8_e4m3fn), dy.scalar_type());
+      // The tokens are this GEMM's inner dimension; a GPU's _scaled_mm needs it a multiple of
+      // 16 (torchao's pad_inner_dim): zero rows there add nothing. The CPU needs none, and
+      // keeps torchao's exact GEMM.
+      auto dy_rows = dy8, x_rows = to_float8(x, at::kFloat8_e4m3fn);
+      if (dy.is_cuda() && x.size(0) % 16 != 0) {
+        dy_rows.data = pad_rows(dy_rows.data);
+        x_rows.data = pad_rows(x_rows.data);
+      }
+      dw = float8_mm({dy_rows.data.t(), dy_rows.scale}, x_rows, dy.scalar_type());
     }
     return {dx, dw, at::Tensor()};
   }

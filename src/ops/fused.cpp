@@ -5,9 +5,12 @@
 #include "util/check.h"
 
 #ifdef FSDP_HAVE_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <array>
+#include <atomic>
 #include <string>
 
 #include "ops/cuda/fused_kernels.h"
@@ -46,6 +49,22 @@ void check_launch(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     throw fsdp::Error(std::string("fsdp::ops::") + what + ": " + cudaGetErrorString(e));
   }
+}
+
+// Whether the kernels run on this tensor's GPU: built for sm_80 and sm_90 (and their PTX), so a
+// GPU older than Ampere (or one the driver cannot load them for) gets the twins. Asked once per
+// device.
+bool kernels_run_on(const at::Tensor& t) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no
+  const int d = t.device().index();
+  if (d < 0 || d >= static_cast<int>(known.size())) return false;
+  int k = known[d].load();
+  if (k == 0) {
+    const auto* props = at::cuda::getDeviceProperties(d);
+    k = props->major >= 8 ? 1 : 2;
+    known[d].store(k);
+  }
+  return k == 1;
 }
 
 cudaStream_t stream_of(const at::Tensor& t) {
@@ -133,7 +152,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
                  weight.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
   if (x.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
-      kernel_dtype(x.scalar_type()) && x.numel() > 0) {
+      kernel_dtype(x.scalar_type()) && x.numel() > 0 && kernels_run_on(x)) {
     return RmsNormFunction::apply(x, weight, eps);
   }
 #endif
@@ -147,7 +166,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
                  c10::toString(up.scalar_type()));
 #ifdef FSDP_HAVE_CUDA_KERNELS
   if (gate.is_cuda() && up.device() == gate.device() && kernel_dtype(gate.scalar_type()) &&
-      gate.numel() > 0) {
+      gate.numel() > 0 && kernels_run_on(gate)) {
     return SwigluFunction::apply(gate, up);
   }
 #endif

@@ -17,7 +17,9 @@
 //
 // Equal to torchao 0.18's Float8Linear on the CPU (tests/reference/hf_llama.py train --float8
 // is the reference); on a GPU _scaled_mm needs sm_89 or newer, and the forward's GEMM uses
-// fast accumulation there as torchao's does (the CPU has only one).
+// fast accumulation there as torchao's does (the CPU has only one). The weight gradient's GEMM
+// runs over the tokens, which a GPU's _scaled_mm wants in multiples of 16: its float8 operands
+// get zero rows there (torchao's pad_inner_dim; the values do not change).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -13,7 +13,10 @@ namespace fsdp::ops {
 
 // LlamaRMSNorm: weight * cast(x32 * rsqrt(mean(x32^2, -1) + eps)) with x32 = float32(x) and
 // cast back to x's dtype before the weight: x [..., d], weight [d]. The kernel keeps one float
-// per row (its rsqrt) for the backward instead of the twin's float32 copies of x.
+// per row (its rsqrt) for the backward instead of the twin's float32 copies of x, and sums the
+// weight's gradient over rows in float32 without rounding each row's product to the dtype as
+// the twin does (more exact, not bit-equal). Kernels on GPUs of compute capability 8.0 or
+// newer (built for sm_80 and sm_90, with PTX); older ones run the twin.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // SwiGLU's product: cast(silu(gate)) * up, gate and up of one shape and dtype. The kernel keeps

@@ -48,21 +48,22 @@ __device__ float block_sum(float v) {
 
 template <typename T>
 __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                        T* __restrict__ y, float* __restrict__ rstd, int64_t d,
-                                        float eps) {
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * d;
-  T* yr = y + row * d;
-  float sumsq = 0;
-  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-    const float v = to_f(xr[i]);
-    sumsq += v * v;
-  }
-  const float r = rsqrtf(block_sum(sumsq) / static_cast<float>(d) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-    // LlamaRMSNorm: the normalised value cast to the input's dtype, then times the weight.
-    yr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(xr[i]) * r));
+                                        T* __restrict__ y, float* __restrict__ rstd, int64_t n,
+                                        int64_t d, float eps) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {  // uniform over the block
+    const T* xr = x + row * d;
+    T* yr = y + row * d;
+    float sumsq = 0;
+    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+      const float v = to_f(xr[i]);
+      sumsq += v * v;
+    }
+    const float r = rsqrtf(block_sum(sumsq) / static_cast<float>(d) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+      // LlamaRMSNorm: the normalised value cast to the input's dtype, then times the weight.
+      yr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(xr[i]) * r));
+    }
   }
 }
 
@@ -156,8 +157,10 @@ cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, voi
   if (n == 0 || d == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    rms_norm_forward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y), rstd, d, eps);
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
+    rms_norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y), rstd, n, d,
+        eps);
   });
 }
 
