@@ -483,6 +483,31 @@ stage_lora() {
   return $rc
 }
 
+# Llama-3.2-1B's shape (random weights from transformers, written beside the initial weights:
+# /dev/shm when it has room, else /tmp), or a tiny Llama on the CPU in a dry run, and 1 Mi
+# random uint32 tokens in $L/NAME_tokens.bin. Sets the caller's locals dir, seq, batch, steps
+# (bash's dynamic scope).
+#   llama_1b_model NAME
+llama_1b_model() {
+  local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
+    --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
+    --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
+  local vocab=128256
+  dir="$(dirname "$GPU_CHECK_INIT")/fsdp_gpu_check_llama" seq=2048 batch=4 steps=6
+  if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+    dir="$L/$1_dry" seq=64 batch=2 steps=4 vocab=70000
+    size=(--vocab 70000 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --tied
+      --init-std 0.02)
+  fi
+  rm -rf "$dir"
+  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$dir" "${size[@]}" --seed 1 \
+    --device "$PY_DEVICE" || { detail "could not write the model"; return 1; }
+  "$PYTHON" - "$L/$1_tokens.bin" "$vocab" << 'EOF'
+import sys, numpy as np
+np.random.default_rng(5).integers(0, int(sys.argv[2]), 1 << 20).astype("<u4").tofile(sys.argv[1])
+EOF
+}
+
 # Llama-3.2-1B's shape (vocab 128256, hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate
 # 8192, tied, Llama 3's rope scaling; random weights): train_llama against transformers'
 # LlamaForCausalLM under FSDP2 from the same weights on the same batches, seq 2048, batch 4,
@@ -491,24 +516,8 @@ stage_lora() {
 # (bf16: within 1e-2). A dry run does the same at a tiny size on the CPU.
 stage_llama() {
   STAGE=llama
-  # Beside the reference stage's initial weights: /dev/shm when it has room (env), else /tmp.
-  local dir seq=2048 batch=4 steps=6 vocab=128256
-  dir="$(dirname "$GPU_CHECK_INIT")/fsdp_gpu_check_llama"
-  local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
-    --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
-    --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
-  if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
-    dir="$L/llama_dry" seq=64 batch=2 steps=4 vocab=70000
-    size=(--vocab 70000 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --tied
-      --init-std 0.02)
-  fi
-  rm -rf "$dir"
-  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$dir" "${size[@]}" --seed 1 \
-    --device "$PY_DEVICE" || { detail "could not write the model"; return 1; }
-  "$PYTHON" - "$L/llama_tokens.bin" "$vocab" << 'EOF' || return 1
-import sys, numpy as np
-np.random.default_rng(5).integers(0, int(sys.argv[2]), 1 << 20).astype("<u4").tofile(sys.argv[1])
-EOF
+  local dir seq batch steps
+  llama_1b_model llama || return 1
   local common=(--hf-dir "$dir" --data-tokens "$L/llama_tokens.bin" --tokens-dtype uint32
     --seq "$seq" --batch "$batch" --steps "$steps" --lr 3e-4)
   local rc=0 ac tag
@@ -578,23 +587,8 @@ EOF
 # against torchao's float8). A dry run does the same at a tiny size on the CPU.
 stage_speed() {
   STAGE=speed
-  local dir seq=2048 batch=4 steps=6 vocab=128256
-  dir="$(dirname "$GPU_CHECK_INIT")/fsdp_gpu_check_llama"
-  local size=(--vocab 128256 --hidden 2048 --layers 16 --heads 32 --kv-heads 8
-    --intermediate 8192 --tied --rope-theta 500000 --max-position 131072 --init-std 0.02
-    --rope-scaling '{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}')
-  if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
-    dir="$L/speed_dry" seq=64 batch=2 steps=4 vocab=70000
-    size=(--vocab 70000 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --intermediate 128 --tied
-      --init-std 0.02)
-  fi
-  rm -rf "$dir"
-  "$PYTHON" "$ROOT/tests/reference/hf_llama.py" make-tiny --out "$dir" "${size[@]}" --seed 1 \
-    --device "$PY_DEVICE" || { detail "could not write the model"; return 1; }
-  "$PYTHON" - "$L/speed_tokens.bin" "$vocab" << 'PY' || return 1
-import sys, numpy as np
-np.random.default_rng(5).integers(0, int(sys.argv[2]), 1 << 20).astype("<u4").tofile(sys.argv[1])
-PY
+  local dir seq batch steps
+  llama_1b_model speed || return 1
   local common=(--hf-dir "$dir" --data-tokens "$L/speed_tokens.bin" --tokens-dtype uint32
     --seq "$seq" --batch "$batch" --steps "$steps" --lr 3e-4)
   local rc=0 run name

@@ -157,10 +157,7 @@ std::string check(const Options& o) {
   } else if (o.lora.rank < 0) {
     return fmt::format("--lora-rank must be >= 0 (0: full fine-tuning), got {}", o.lora.rank);
   }
-  if (o.loss_chunk < 0)
-    return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
-  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
-  if (o.fused_loss && o.lora.enabled() &&
+  if (o.train.fused_loss && o.lora.enabled() &&
       std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") != o.lora.targets.end()) {
     return "--fused-loss fuses a plain head: not with a LoRA adapter on lm_head";
   }
@@ -174,8 +171,7 @@ std::string check(const Options& o) {
              "all-gather)";
     }
     try {
-      fsdp::models::llama::validate_float8(model_config(o), o.float8, o.train.tp,
-                                           o.lora.enabled());
+      fsdp::models::llama::validate_float8(model_config(o), o.float8, o.train.tp, o.lora.enabled());
     } catch (const std::exception& e) {
       return fmt::format("--{}", e.what());  // "--float8: ...": validate_float8 says "float8: "
     }
@@ -312,12 +308,6 @@ ParseResult parse_options(int argc, char** argv, int world) {
                  "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
                  "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
                  "then writes the model with the adapters merged");
-  app.add_flag("--fused-loss", o.fused_loss,
-               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
-               "logits never exist; the same loss and gradients)");
-  app.add_option("--loss-chunk", o.loss_chunk,
-                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
-      ->capture_default_str();
   app.add_flag("--float8", o.float8.enabled,
                "float8 training: the decoder layers' Linears run their GEMMs in float8 "
                "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "

@@ -51,13 +51,10 @@ struct Options {
   fsdp::models::LoraOptions lora;  // rank 0: full fine-tuning
   std::string lora_adapter;        // a PEFT adapter directory: the adapters to start from
   std::string export_adapter;      // after training, PEFT's adapter directory of the adapters
-  // The head and the loss in one (fsdp/ops/linear_cross_entropy.h): training never holds the
-  // [tokens, vocabulary] logits; chunks of loss_chunk tokens (0: automatic).
-  bool fused_loss = false;
-  int64_t loss_chunk = 0;
   // float8 GEMMs in the decoder's Linears but those skipped (fsdp/models/float8_options.h).
   fsdp::models::Float8Options float8;
-  bool float8_all_gather = false;  // their weights gathered in float8 (llama::use_float8_all_gather)
+  // Their weights gathered in float8 (llama::use_float8_all_gather).
+  bool float8_all_gather = false;
   trainer::TrainOptions train;
 };
 

@@ -290,10 +290,10 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   task.root = b.root;
   task.module = b.model.ptr().get();
   task.logits = [&b](const torch::Tensor& tokens) { return b.root(tokens); };
-  if (o.fused_loss) {
+  if (o.train.fused_loss) {
     // Through the root unit, which gathers its parameters around the call as forward does.
-    task.fused_loss = [&b, chunk = o.loss_chunk](const torch::Tensor& tokens,
-                                                 const torch::Tensor& targets) {
+    task.fused_loss = [&b, chunk = o.train.loss_chunk](const torch::Tensor& tokens,
+                                                       const torch::Tensor& targets) {
       return b.root.call(&ll::LlamaForCausalLMImpl::fused_loss, tokens, targets, chunk);
     };
   }

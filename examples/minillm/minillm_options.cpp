@@ -63,10 +63,6 @@ std::string check(const Options& o) {
   if (o.data != "synthetic" && o.model.vocab < 256) {
     return fmt::format("--vocab must be at least 256 to read text as bytes, got {}", o.model.vocab);
   }
-  if (o.loss_chunk < 0) {
-    return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
-  }
-  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
   if (o.model.float8 && o.model.dim % 16 != 0) {
     return fmt::format("--float8: the feed-forward Linears ({} x {}) need --dim a multiple of 16",
                        o.model.dim, 4 * o.model.dim);
@@ -109,12 +105,6 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   app.add_option("--init-from", o.init_from,
                  "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
                  "e.g. written by bench/reference/py_minillm.py --save-init)");
-  app.add_flag("--fused-loss", o.fused_loss,
-               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
-               "logits never exist; the same loss and gradients)");
-  app.add_option("--loss-chunk", o.loss_chunk,
-                 "With --fused-loss: tokens per chunk (0: about tokens x dim / vocabulary)")
-      ->capture_default_str();
   app.add_flag("--float8", o.model.float8,
                "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
                "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");

@@ -19,10 +19,6 @@ struct Options {
   std::string init_from;      // safetensors file with the initial weights (PyTorch's names)
   std::string export_path;    // safetensors file of the trained model
   std::string export_dtype = "fp32";
-  // The head and the loss in one (fsdp/ops/linear_cross_entropy.h), chunks of loss_chunk tokens
-  // (0: automatic). float8: o.model.float8 (the feed-forward Linears).
-  bool fused_loss = false;
-  int64_t loss_chunk = 0;
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing

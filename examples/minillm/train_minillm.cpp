@@ -102,21 +102,21 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   task.root = root;
   task.module = root.module().ptr().get();
   task.logits = [&root](const torch::Tensor& tokens) { return root(tokens); };
-  if (o.fused_loss) {
+  if (o.train.fused_loss) {
     // Through the root unit, which gathers its parameters around the call as forward does.
-    task.fused_loss = [&root, chunk = o.loss_chunk](const torch::Tensor& tokens,
-                                                    const torch::Tensor& targets) {
+    task.fused_loss = [&root, chunk = o.train.loss_chunk](const torch::Tensor& tokens,
+                                                          const torch::Tensor& targets) {
       return root.call(&mm::MiniLLMImpl::fused_loss, tokens, targets, chunk);
     };
   }
   task.vocab = o.model.vocab;
   task.train = data.get();
-  task.info = {"MiniLLM",
-               fmt::format("vocab {} dim {} layers {} heads {}{}{}", o.model.vocab, o.model.dim,
-                           o.model.layers, o.model.heads,
-                           o.model.float8 ? ", float8 feed-forward" : "",
-                           o.fused_loss ? ", fused loss" : ""),
-               mm::parameter_count(o.model), mm::train_flops_per_token(o.model, o.train.seq)};
+  task.info = {
+      "MiniLLM",
+      fmt::format("vocab {} dim {} layers {} heads {}{}{}", o.model.vocab, o.model.dim,
+                  o.model.layers, o.model.heads, o.model.float8 ? ", float8 feed-forward" : "",
+                  o.train.fused_loss ? ", fused loss" : ""),
+      mm::parameter_count(o.model), mm::train_flops_per_token(o.model, o.train.seq)};
   task.finish = [&] {
     if (o.export_path.empty()) return;
     fsdp::ExportOptions options;

@@ -96,6 +96,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
                  "with the dequantized weights (about 1/4 of fp32's bytes, 1/2 of bf16's); the "
                  "shards, gradients and optimizer keep full precision. 0: off")
       ->capture_default_str();
+  app.add_flag("--fused-loss", o.fused_loss,
+               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
+               "logits never exist; the same loss and gradients)");
+  app.add_option("--loss-chunk", o.loss_chunk,
+                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
+      ->capture_default_str();
   app.add_option("--profile-steps", profile_steps,
                  "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
                  "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
@@ -242,6 +248,10 @@ std::string check(const TrainOptions& o, int world) {
         "got {}",
         o.quantize_all_gather);
   }
+  if (o.loss_chunk < 0) {
+    return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
+  }
+  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
   if (o.offload == "optimizer" && o.optimizer != "fused-adamw") {
     return fmt::format(
         "--offload optimizer keeps fsdp::FusedAdamW's state on the host; --optimizer {} has no "

@@ -44,6 +44,10 @@ struct TrainOptions {
   // > 0: every unit's all-gather sends int8 weights with one scale per this many elements
   // (fsdp::quantized_all_gather, ZeRO++'s qwZ); 0: the compute dtype.
   int64_t quantize_all_gather = 0;
+  // The head and the loss in one (fsdp/ops/linear_cross_entropy.h, Task::fused_loss): training
+  // never holds the [tokens, vocabulary] logits; chunks of loss_chunk tokens (0: automatic).
+  bool fused_loss = false;
+  int64_t loss_chunk = 0;
 
   // Checkpoints and outputs.
   std::string save_dir;  // sharded checkpoints go here

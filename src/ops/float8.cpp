@@ -97,17 +97,12 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype) {
 }
 
 at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype) {
-  FSDP_CHECK_ARG(amax.numel() == 1 && at::isFloatingType(amax.scalar_type()),
-                 "float8_scale: expected one floating amax, got {} elements of {}", amax.numel(),
+  FSDP_CHECK_ARG(at::isFloatingType(amax.scalar_type()),
+                 "float8_scale: expected floating amaxes, got {}",
                  c10::toString(amax.scalar_type()));
   // torchao's amax_to_scale: in float64 (Python's `max / amax` is amax.reciprocal() * max),
   // then float32.
-  return amax.reshape({})
-      .to(at::kDouble)
-      .clamp_min(1e-12)
-      .reciprocal()
-      .mul(float8_max(dtype))
-      .to(at::kFloat);
+  return amax.to(at::kDouble).clamp_min(1e-12).reciprocal().mul(float8_max(dtype)).to(at::kFloat);
 }
 
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale) {

@@ -6,11 +6,7 @@
 // gathered buffer.
 #include "fsdp/ops/float8_all_gather.h"
 
-#include <c10/core/StreamGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-
 #include <memory>
-#include <optional>
 #include <utility>
 
 #include "fsdp/ops/float8.h"
@@ -86,74 +82,22 @@ void unpack_into(const at::Tensor& gathered, const Float8Layout& l, const at::Te
   }
 }
 
-// The gather of the bytes; its completion unpacks into the caller's output (as the quantized
-// all-gather's DequantizeWork: on the stream current at issue).
-class UnpackWork final : public Work {
- public:
-  UnpackWork(WorkPtr gather, at::Tensor gathered, at::Tensor output, at::Tensor scales,
-             Float8Layout l, int world, at::Tensor send)
-      : gather_(std::move(gather)),
-        gathered_(std::move(gathered)),
-        output_(std::move(output)),
-        scales_(std::move(scales)),
-        send_(std::move(send)),
-        l_(std::move(l)),
-        world_(world) {
-    const auto device = output_.device();
-    if (!device.is_cpu())
-      issue_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-  }
-  bool is_completed() override {
-    if (!done_ && gather_ && gather_->is_completed()) finish();
-    return done_;
-  }
-  void wait() override {
-    if (done_) return;
-    if (gather_) gather_->wait();
-    finish();
-  }
-  void wait_timed(WaitClock& clock) override {
-    if (done_) return;
-    if (gather_) gather_->wait_timed(clock);
-    finish();
-  }
-
- private:
-  void finish() {
-    gather_.reset();
-    std::optional<c10::StreamGuard> on_issue_stream;
-    if (issue_stream_) on_issue_stream.emplace(*issue_stream_);
-    unpack_into(gathered_, l_, scales_, world_, output_);
-    gathered_ = at::Tensor();
-    send_ = at::Tensor();
-    output_ = at::Tensor();
-    done_ = true;
-  }
-
-  WorkPtr gather_;
-  at::Tensor gathered_, output_, scales_, send_;  // send_: alive until the gather completed
-  Float8Layout l_;
-  int world_;
-  std::optional<c10::Stream> issue_stream_;
-  bool done_ = false;
-};
-
 // Each float8 parameter's scale over the whole weight: the largest magnitude of this rank's
 // shard (its padding is zeros), the ranks' gathered, their maximum, float8.h's scale.
 at::Tensor agreed_scales(const at::Tensor& input, const Float8Layout& l, ProcessGroup& group) {
   at::NoGradGuard no_grad;
   const auto k = static_cast<int64_t>(l.f8.size());
-  auto amax = at::zeros({k}, input.options().dtype(at::kFloat));
+  // The padding of a shard is zeros; a parameter without elements here contributes 0.
   const auto flat = input.reshape(-1);
+  std::vector<at::Tensor> maxima;
   for (const auto& s : l.f8) {
-    if (s.length > 0) amax[s.scale_index].copy_(flat.narrow(0, s.begin, s.length).abs().max());
+    maxima.push_back(s.length > 0 ? flat.narrow(0, s.begin, s.length).abs().max().to(at::kFloat)
+                                  : at::zeros({}, input.options().dtype(at::kFloat)));
   }
+  const auto amax = at::stack(maxima);
   auto all = at::empty({group.size() * k}, amax.options());
   group.all_gather(all, amax)->wait();
-  const auto global = all.view({group.size(), k}).amax(0);
-  auto scales = at::empty({k}, amax.options());
-  for (int64_t j = 0; j < k; ++j) scales[j].copy_(float8_scale(global[j], at::kFloat8_e4m3fn));
-  return scales;
+  return float8_scale(all.view({group.size(), k}).amax(0), at::kFloat8_e4m3fn);
 }
 
 }  // namespace
@@ -190,7 +134,9 @@ AllGatherComm float8_all_gather(Float8AllGatherOptions options) {
       }
     }
     const auto bytes = input.options().dtype(at::kByte);
-    auto send = at::zeros({l.bytes()}, bytes);
+    auto send = at::empty({l.bytes()}, bytes);
+    const int64_t used = l.hp_bytes() + l.f8_elements;
+    send.narrow(0, used, l.bytes() - used).zero_();  // the padding to 8 bytes
     {
       at::NoGradGuard no_grad;
       const auto flat = input.reshape(-1);
@@ -208,9 +154,11 @@ AllGatherComm float8_all_gather(Float8AllGatherOptions options) {
     }
     auto gathered = at::empty({group.size() * l.bytes()}, bytes);
     WorkPtr work = group.all_gather(gathered, send);
-    return std::make_shared<UnpackWork>(std::move(work), std::move(gathered), output,
-                                        std::move(scales), std::move(l), group.size(),
-                                        std::move(send));
+    // `send` stays alive until the gather completed; the unpacking then frees both.
+    return finish_after(std::move(work), output.device(),
+                        [gathered, output, scales, l = std::move(l), world = group.size(), send] {
+                          unpack_into(gathered, l, scales, world, output);
+                        });
   };
 }
 

@@ -6,8 +6,6 @@
 // element. The block size is a multiple of 4 so that the scales start 4-byte aligned and read
 // back as float32 in place.
 #include <ATen/ATen.h>
-#include <c10/core/StreamGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
 #include <memory>
@@ -90,65 +88,6 @@ void dequantize_into(const at::Tensor& gathered, const QuantLayout& q, int world
   }
 }
 
-// The gather of the quantized bytes; its completion dequantizes into the caller's output.
-class DequantizeWork final : public Work {
- public:
-  DequantizeWork(WorkPtr gather, at::Tensor gathered, at::Tensor output, QuantLayout q, int world,
-                 at::Tensor send)
-      : gather_(std::move(gather)),
-        gathered_(std::move(gathered)),
-        output_(std::move(output)),
-        send_(std::move(send)),
-        q_(std::move(q)),
-        world_(world) {
-    // The stream current at issue, on the issuing thread: finish() queues the dequantization
-    // there whichever thread completes the work.
-    const auto device = output_.device();
-    if (!device.is_cpu())
-      issue_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
-  }
-
-  // True only once the output holds the values: a gather that completed is dequantized here
-  // (compute, no wait).
-  bool is_completed() override {
-    if (!done_ && gather_ && gather_->is_completed()) finish();
-    return done_;
-  }
-  void wait() override {
-    if (done_) return;
-    if (gather_) gather_->wait();
-    finish();
-  }
-  // Timed as the gather's wait; the dequantization is the caller's compute.
-  void wait_timed(WaitClock& clock) override {
-    if (done_) return;
-    if (gather_) gather_->wait_timed(clock);
-    finish();
-  }
-
- private:
-  // On a GPU the dequantization is queued on the stream that was current when the gather was
-  // issued, the one the runtime waits on (comm_hooks.h), so the bytes freed after it are not
-  // reused early; not on whatever stream the thread that polls is_completed() has current.
-  void finish() {
-    gather_.reset();
-    std::optional<c10::StreamGuard> on_issue_stream;
-    if (issue_stream_) on_issue_stream.emplace(*issue_stream_);
-    dequantize_into(gathered_, q_, world_, output_);
-    gathered_ = at::Tensor();
-    send_ = at::Tensor();
-    output_ = at::Tensor();
-    done_ = true;
-  }
-
-  WorkPtr gather_;
-  at::Tensor gathered_, output_, send_;  // send_: alive until the gather completed
-  QuantLayout q_;
-  int world_;
-  std::optional<c10::Stream> issue_stream_;  // none on the CPU
-  bool done_ = false;
-};
-
 void check_block(int64_t block) {
   FSDP_CHECK_ARG(block >= 4 && block <= (int64_t{1} << 20) && block % 4 == 0,
                  "quantized_all_gather: block_size must be a multiple of 4 in [4, 1048576], got {}",
@@ -186,8 +125,11 @@ AllGatherComm quantized_all_gather(QuantizedAllGatherOptions options) {
     quantize_into(input, q, send);
     at::Tensor gathered = at::empty({group.size() * q.bytes()}, bytes);
     WorkPtr work = group.all_gather(gathered, send);
-    return std::make_shared<DequantizeWork>(std::move(work), std::move(gathered), output,
-                                            std::move(q), group.size(), std::move(send));
+    // `send` stays alive until the gather completed; the dequantization then frees both.
+    return finish_after(std::move(work), output.device(),
+                        [gathered, output, q = std::move(q), world = group.size(), send] {
+                          dequantize_into(gathered, q, world, output);
+                        });
   };
 }
 

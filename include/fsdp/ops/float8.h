@@ -38,8 +38,8 @@ struct Float8Tensor {
 // The dynamic tensorwise cast above: any floating `t`, `dtype` e4m3fn or e5m2. Zero stays zero
 // (the amax is clamped to 1e-12); magnitudes the scale pushes past the format saturate.
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype);
-// The scale to_float8 gives a tensor whose largest magnitude is `amax` (any floating tensor of
-// one element): float32(finfo(dtype).max / max(amax, 1e-12)), computed in float64.
+// The scale to_float8 gives a tensor whose largest magnitude is `amax`: float32(finfo(dtype).max
+// / max(amax, 1e-12)), computed in float64; elementwise over a floating tensor of any shape.
 at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype);
 // The cast with a given `scale` (float32, one element) instead of the tensor's own.
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale);

@@ -49,6 +49,14 @@ using ReduceScatterComm = std::function<WorkPtr(const at::Tensor& output, const 
 // nor, with hybrid sharding, by those without the all-reduce (set_requires_all_reduce(false)).
 using AllReduceHook = std::function<void(const at::Tensor& reduce_output)>;
 
+// For hooks that compute after their collective (a dequantization): the Work whose completion
+// runs `finish` once, after `collective` completed (is_completed() runs it too once the
+// collective has finished; its time is the caller's compute, not the wait's), queued on the
+// stream current on `device` when this is made, whichever thread completes it, so that the
+// runtime, which waits on that stream, is ordered after it. `finish` is dropped after it runs
+// (the buffers it holds are freed then).
+WorkPtr finish_after(WorkPtr collective, at::Device device, std::function<void()> finish);
+
 // ZeRO++'s quantized weights (qwZ): each parameter's part of a rank's flat buffer is split into
 // blocks of `block_size` elements (a block never spans two parameters, so a norm's weights near
 // 1 do not round a bias near 0 away), each block stored as int8 with one float32 scale (its

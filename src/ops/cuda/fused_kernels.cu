@@ -16,22 +16,36 @@ constexpr int kThreads = 256;
 constexpr int64_t kBackwardBlocks = 256;
 
 template <typename T>
-__device__ __forceinline__ float to_f(T v) { return static_cast<float>(v); }
+__device__ __forceinline__ float to_f(T v) {
+  return static_cast<float>(v);
+}
 template <>
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__half v) {
+  return __half2float(v);
+}
 
 template <typename T>
-__device__ __forceinline__ T from_f(float v) { return static_cast<T>(v); }
+__device__ __forceinline__ T from_f(float v) {
+  return static_cast<T>(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f(float v) {
+  return __float2half_rn(v);
+}
 
 // x rounded to T and back: where the ATen twin stores an intermediate in the tensor's dtype.
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_f(from_f<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_f(from_f<T>(v));
+}
 
 // The sum of v over the block (every thread gets it).
 __device__ float block_sum(float v) {
@@ -125,7 +139,7 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_f(gate[i]), u = to_f(up[i]), go = to_f(dout[i]);
     const float s = sigmoid(g);
-    const float a = round_to<T>(g * s);   // silu(gate) in the dtype
+    const float a = round_to<T>(g * s);    // silu(gate) in the dtype
     const float da = round_to<T>(go * u);  // the product's gradient to silu(gate)
     dup[i] = from_f<T>(go * a);
     dgate[i] = from_f<T>(da * s * (1.0f + g * (1.0f - s)));
@@ -139,9 +153,15 @@ int64_t elementwise_blocks(int64_t numel) {
 template <typename F>
 cudaError_t by_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat: f(float{}); break;
-    case DType::kBFloat16: f(__nv_bfloat16{}); break;
-    case DType::kHalf: f(__half{}); break;
+    case DType::kFloat:
+      f(float{});
+      break;
+    case DType::kBFloat16:
+      f(__nv_bfloat16{});
+      break;
+    case DType::kHalf:
+      f(__half{});
+      break;
   }
   return cudaGetLastError();
 }
@@ -158,9 +178,9 @@ cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, voi
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
-    rms_norm_forward_kernel<T><<<blocks, kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y), rstd, n, d,
-        eps);
+    rms_norm_forward_kernel<T>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(weight),
+                                          static_cast<T*>(y), rstd, n, d, eps);
   });
 }
 
@@ -179,14 +199,14 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
   });
 }
 
-cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* out,
-                           int64_t numel, cudaStream_t stream) {
+cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* out, int64_t numel,
+                           cudaStream_t stream) {
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    swiglu_forward_kernel<T><<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0,
-                               stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
-                                         static_cast<T*>(out), numel);
+    swiglu_forward_kernel<T>
+        <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(
+            static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), numel);
   });
 }
 
@@ -195,10 +215,10 @@ cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, con
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    swiglu_backward_kernel<T><<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0,
-                                stream>>>(static_cast<const T*>(dout), static_cast<const T*>(gate),
-                                          static_cast<const T*>(up), static_cast<T*>(dgate),
-                                          static_cast<T*>(dup), numel);
+    swiglu_backward_kernel<T>
+        <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(
+            static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up),
+            static_cast<T*>(dgate), static_cast<T*>(dup), numel);
   });
 }
 
