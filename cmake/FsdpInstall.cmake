@@ -1,9 +1,14 @@
-# Install rules and the CMake package: find_package(fsdp) + target_link_libraries(app fsdp::fsdp).
+# Install rules and the CMake package: find_package(fsdp) + target_link_libraries(app fsdp::fsdp)
+# (and fsdp::models, and fsdp::text where it was built: `if(TARGET fsdp::text)`).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set_target_properties(fsdp PROPERTIES EXPORT_NAME fsdp)
-install(TARGETS fsdp fsdp_models EXPORT fsdpTargets
+set(_fsdp_installed fsdp fsdp_models)
+if(TARGET fsdp_text)
+  list(APPEND _fsdp_installed fsdp_text)  # the optional text library (cmake/FsdpText.cmake)
+endif()
+install(TARGETS ${_fsdp_installed} EXPORT fsdpTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

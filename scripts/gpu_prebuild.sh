@@ -10,12 +10,13 @@
 # either way they load that machine's libtorch, CUDA runtime and NCCL (one libnccl.so.2 per
 # process: the wheel's, which libtorch_cuda loads too). Without MPI (none there).
 #
-# Every library the programs need that is neither in the wheels nor on every such machine (the
-# tokenizer's PCRE2 and utf8proc: the first GPU run did not load without them) is carried in
-# lib/, and the check resolves what they need against the bundle, the wheels and an allow-list,
-# never against this machine's system folders (scripts/gpu_bundle_libs.py).
+# Built without the text library (-DFSDP_WITH_TEXT=OFF: the tokenizer and chat templates, whose
+# PCRE2 and utf8proc the GPU image lacks; the first GPU run did not load when they were part of
+# the models), so the programs need nothing beyond the wheels: the check resolves every library
+# they need against the bundle, the wheels and an allow-list, never against this machine's
+# system folders (scripts/gpu_bundle_libs.py), and fails if anything else is needed.
 #
-#   scripts/gpu_prebuild.sh            # build, strip, copy, carry, check
+#   scripts/gpu_prebuild.sh            # build, strip, copy, check
 #   scripts/gpu_prebuild.sh --check    # only the check of an existing bundle
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -115,6 +116,7 @@ rpath="\$ORIGIN/../lib:$(wheel_path "$gpu_site")"
 # run the binaries at build time).
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DFSDP_WITH_MPI=OFF -DFSDP_WITH_GLOO=ON -DFSDP_WITH_NCCL=ON -DFSDP_BUILD_BENCH=OFF \
+  -DFSDP_WITH_TEXT=OFF \
   -DFSDP_WARNINGS_AS_ERRORS=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="$rpath" \
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST > /tmp/gpu_prebuild_configure.log 2>&1 ||
@@ -131,9 +133,6 @@ for l in fsdp fsdp_models; do
   cp "$so" "$bundle/lib/$soname"
 done
 strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/*
-# What the GPU machine lacks (gpu_bundle_libs.py's allow-list and the wheels aside), from here.
-"$venv/bin/python" "$root/scripts/gpu_bundle_libs.py" --bundle "$bundle" --carry \
-  --site "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')"
 {
   echo "commit $(git -C "$root" rev-parse HEAD)$(git -C "$root" diff HEAD --quiet || echo ' (with changes)')"
   echo "built $(date -u +%FT%TZ) on $(uname -n) against torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)')"

@@ -9,9 +9,9 @@
 #include <cmath>
 #include <set>
 
-#include "fsdp/models/chat_template.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
+#include "text_prompt.h"
 
 namespace llama {
 namespace {
@@ -31,13 +31,6 @@ std::string config_path(const Options& o) {
 }
 
 }  // namespace
-
-std::vector<fsdp::models::ChatMessage> chat_messages(const Options& o) {
-  std::vector<fsdp::models::ChatMessage> messages;
-  if (!o.system_prompt.empty()) messages.push_back({"system", o.system_prompt});
-  messages.push_back({"user", o.generate_text});
-  return messages;
-}
 
 namespace {
 
@@ -67,16 +60,7 @@ std::string check(const Options& o) {
     return "--chat needs --generate TEXT: the user's message, put through the chat template";
   }
   if (!o.system_prompt.empty() && !o.chat) return "--system needs --chat";
-  if (o.chat) {
-    // The template is read, parsed and rendered here, before any weight is loaded: a directory
-    // without one (a base model's), one that does not parse, and a conversation the template
-    // refuses (a system turn where it has none) are named now.
-    try {
-      (void)fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(chat_messages(o));
-    } catch (const std::exception& e) {
-      return fmt::format("--chat: {}", e.what());
-    }
-  }
+  if (auto error = check_text_prompt(o); !error.empty()) return error;
   if (!o.generate_ids.empty() || !o.generate_text.empty()) {
     if (o.max_new_tokens < 0) {
       return fmt::format("--max-new-tokens must be >= 0, got {}", o.max_new_tokens);

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/models/chat_template.h"
 #include "fsdp/models/float8_options.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/lora_options.h"
@@ -38,7 +37,7 @@ struct Options {
   // tokens decoded).
   std::string generate_text;
   // --chat: --generate's text is the user's turn, put through --hf-dir's chat template
-  // (fsdp/models/chat_template.h) after an optional system turn.
+  // (fsdp/text/chat_template.h; text_prompt.h) after an optional system turn.
   bool chat = false;
   std::string system_prompt;
   int64_t max_new_tokens = 32;
@@ -71,8 +70,5 @@ ParseResult parse_options(int argc, char** argv, int world);
 // The model's configuration the flags name: --hf-dir's config.json, --config, or --preset.
 // InvalidArgument when the file cannot be read.
 fsdp::models::llama::Config model_config(const Options& o);
-
-// --chat's conversation: --system's turn (when given), then --generate's text as the user's.
-std::vector<fsdp::models::ChatMessage> chat_messages(const Options& o);
 
 }  // namespace llama

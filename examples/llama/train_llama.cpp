@@ -9,22 +9,22 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "base_model.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/models/chat_template.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/llama_generate.h"
 #include "fsdp/models/llama_lora.h"
 #include "fsdp/models/llama_plan.h"
-#include "fsdp/models/tokenizer.h"
 #include "llama_options.h"
 #include "loop.h"
 #include "move_unsharded.h"
+#include "text_prompt.h"
 #include "trainer_plan.h"
 
 namespace {
@@ -229,26 +229,13 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
   if (!o.ignore_eos) g.eos_token_ids = eos_ids(o, b.config);
   g.group = dist.group;
   g.device = dist.device;
-  std::optional<fsdp::models::Tokenizer> tokenizer;
+  // --generate TEXT and --chat: encoded here, decoded below (text_prompt.h).
+  std::function<std::string(const std::vector<int64_t>&)> decode;
   auto prompt = o.generate_ids;
   if (!o.generate_text.empty()) {
-    tokenizer = fsdp::models::Tokenizer::from_file(o.hf_dir + "/tokenizer.json");
-    if (o.chat) {
-      // As transformers' apply_chat_template(tokenize=True): the template writes every special
-      // token itself (the BOS too), so the text is encoded without the post-processor's.
-      const auto text =
-          fsdp::models::ChatTemplate::from_directory(o.hf_dir).render(chat_messages(o));
-      prompt = tokenizer->encode(text, /*add_special=*/false);
-    } else {
-      prompt = tokenizer->encode(o.generate_text);
-      // A rendered chat template starts with the BOS the post-processor adds (transformers'
-      // apply_chat_template encodes without special tokens): not twice.
-      const auto& bos = tokenizer->prefix_ids();
-      if (!bos.empty() && prompt.size() >= 2 * bos.size() &&
-          std::equal(bos.begin(), bos.end(), prompt.begin() + static_cast<int64_t>(bos.size()))) {
-        prompt.erase(prompt.begin(), prompt.begin() + static_cast<int64_t>(bos.size()));
-      }
-    }
+    auto text = llama::encode_text_prompt(o);
+    prompt = std::move(text.ids);
+    decode = std::move(text.decode);
     if (dist.group->rank() == 0) {
       fmt::print("prompt: {} tokens: {}\n", prompt.size(), fmt::join(prompt, " "));
     }
@@ -261,7 +248,7 @@ int generate(const Options& o, Built& b, const fsdp::Distributed& dist) {
     fmt::print("generated {} tokens ({}, {}) in {:.2f} s: {}\n", ids.size(),
                o.temperature > 0 ? fmt::format("temperature {:g}", o.temperature) : "greedy",
                o.no_cache ? "no cache" : "cache", seconds, fmt::join(ids, " "));
-    if (tokenizer) fmt::print("text: {}\n", nlohmann::json(tokenizer->decode(ids)).dump());
+    if (decode) fmt::print("text: {}\n", nlohmann::json(decode(ids)).dump());
   }
   return 0;
 }

@@ -31,13 +31,22 @@ LAYERS = {
     "checkpoint": {"util", "comm", "io", "parallel", "runtime"},
     "tools": {"util", "runtime"},
     "models": {"comm", "io", "data", "parallel", "ops", "runtime", "checkpoint", "optim", "tools"},
+    # The optional text library (fsdp::text: tokenizer, chat templates): beside the models, not
+    # under them, so that the models and the trainers build without it.
+    "text": {"util", "io"},
 }
 # Layers that see some layers (None: every other) through their public headers only
 # (include/fsdp/): the models library builds as a user's would, and checkpoints, optimizer
 # state and clipping read the runtime through its public shard view.
-PUBLIC_ONLY = {"models": None, "checkpoint": {"runtime"}, "optim": {"runtime"}}
+PUBLIC_ONLY = {"models": None, "text": None, "checkpoint": {"runtime"}, "optim": {"runtime"}}
 # Headers every layer may include: the errors, the umbrella's pieces are layers themselves.
 ANYWHERE = {"fsdp/errors.h"}
+# Deprecated headers that only forward to where their contents moved (CHANGELOG's Deprecated),
+# with the edge they may have: the old place, the new one.
+FORWARDERS = {
+    "include/fsdp/models/tokenizer.h": "fsdp/text/tokenizer.h",
+    "include/fsdp/models/chat_template.h": "fsdp/text/chat_template.h",
+}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -73,7 +82,7 @@ def main():
                     if not m:
                         continue
                     inc = m.group(1)
-                    if inc in ANYWHERE:
+                    if inc in ANYWHERE or FORWARDERS.get(rel) == inc:
                         continue
                     public = inc.startswith("fsdp/")
                     b = layer_of("include/" + inc) if public else (

@@ -1,7 +1,7 @@
-// The byte-level BPE of a tokenizer.json (fsdp/models/tokenizer.h), following the `tokenizers`
+// The byte-level BPE of a tokenizer.json (fsdp/text/tokenizer.h), following the `tokenizers`
 // library's order: added tokens split out first, then the pre-tokenizer's pieces, each piece's
 // bytes mapped to GPT-2's printable characters, then BPE merges by rank within each piece.
-#include "fsdp/models/tokenizer.h"
+#include "fsdp/text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
@@ -23,7 +23,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/io/files.h"
 
-namespace fsdp::models {
+namespace fsdp::text {
 namespace bpe_detail {
 
 // GPT-2's pre-tokenizer regex (ByteLevel with use_regex).
@@ -564,4 +564,4 @@ std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
   return it->second;
 }
 
-}  // namespace fsdp::models
+}  // namespace fsdp::text

@@ -1,5 +1,5 @@
 // tokenizer_encode TOKENIZER TEXTS [--no-special]: encodes every line of the file TEXTS (a JSON
-// list of strings) with fsdp::models::Tokenizer and prints one JSON object: {"ids": [[...],
+// list of strings) with fsdp::text::Tokenizer and prints one JSON object: {"ids": [[...],
 // ...], "decoded": ["...", ...], "decoded_cut": [...]} (decoded with special tokens kept; the
 // cut ones without each text's last id, where a character may end half-way). For
 // tests/reference/tokenizer_check.py, which holds them against the `tokenizers` library.
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "fsdp/models/tokenizer.h"
+#include "fsdp/text/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   }
   const bool special = !(argc > 3 && std::string(argv[3]) == "--no-special");
   try {
-    const auto tok = fsdp::models::Tokenizer::from_file(argv[1]);
+    const auto tok = fsdp::text::Tokenizer::from_file(argv[1]);
     std::ifstream in(argv[2]);
     const auto texts = nlohmann::json::parse(in).get<std::vector<std::string>>();
     nlohmann::json out;

@@ -2,7 +2,7 @@
 // render gets its own context, as llama.cpp's common_chat_template_direct_apply does), fed what
 // transformers' apply_chat_template passes a template: messages, add_generation_prompt and the
 // named special tokens.
-#include "fsdp/models/chat_template.h"
+#include "fsdp/text/chat_template.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,7 +41,7 @@
 #include <unordered_map>
 #include <vector>
 // llama.cpp's headers (cmake/FsdpLlamaJinja.cmake puts them on this file's include path only),
-// hidden as the engine's objects are: nothing of it is exported from libfsdp_models.
+// hidden as the engine's objects are: nothing of it is exported from libfsdp_text.
 #pragma GCC visibility push(hidden)
 #include "jinja/lexer.h"
 #include "jinja/parser.h"
@@ -51,7 +51,7 @@
 #endif
 // clang-format on
 
-namespace fsdp::models {
+namespace fsdp::text {
 namespace chat_files {
 
 bool is_file(const std::string& path) { return static_cast<bool>(std::ifstream(path)); }
@@ -237,4 +237,4 @@ const std::map<std::string, std::string>& ChatTemplate::special_tokens() const {
   return impl_->special_tokens;
 }
 
-}  // namespace fsdp::models
+}  // namespace fsdp::text

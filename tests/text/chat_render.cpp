@@ -1,6 +1,6 @@
 // chat_render CONVERSATIONS DIR...: renders every conversation of the JSON file CONVERSATIONS
 // ([{"messages": [{"role", "content"}...], "add_generation_prompt": bool}...]) with each model
-// directory's chat template (fsdp::models::ChatTemplate::from_directory) and prints one JSON
+// directory's chat template (fsdp::text::ChatTemplate::from_directory) and prints one JSON
 // object: {DIR: {"results": [{"text", "ids"} or {"error"}...]} or {"error"} when the directory
 // is refused}. "ids" is the text encoded without special tokens by the directory's
 // tokenizer.json, as transformers' apply_chat_template(tokenize=True) encodes. For
@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "fsdp/models/chat_template.h"
-#include "fsdp/models/tokenizer.h"
+#include "fsdp/text/chat_template.h"
+#include "fsdp/text/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -30,12 +30,12 @@ int main(int argc, char** argv) {
     const std::string dir = argv[a];
     nlohmann::json entry;
     try {
-      const auto tmpl = fsdp::models::ChatTemplate::from_directory(dir);
-      std::optional<fsdp::models::Tokenizer> tok;
-      if (std::ifstream(dir + "/tokenizer.json")) tok = fsdp::models::Tokenizer::from_file(dir);
+      const auto tmpl = fsdp::text::ChatTemplate::from_directory(dir);
+      std::optional<fsdp::text::Tokenizer> tok;
+      if (std::ifstream(dir + "/tokenizer.json")) tok = fsdp::text::Tokenizer::from_file(dir);
       entry["results"] = nlohmann::json::array();
       for (const auto& c : conversations) {
-        std::vector<fsdp::models::ChatMessage> messages;
+        std::vector<fsdp::text::ChatMessage> messages;
         for (const auto& m : c["messages"]) {
           messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
         }
