@@ -32,3 +32,54 @@ fsdp_fetch_llama_cpp_sdist() {
     return 1
   fi
 }
+
+# --- What every script and test needs first (source this file, then call what it uses) -------
+# fsdp_on_exit CMD: runs CMD (eval'd) when the script exits, after what was registered before:
+# one EXIT trap for every cleanup, so that a second registration does not replace the first.
+_fsdp_exit_cmds=()
+_fsdp_run_exit() {
+  local c
+  for c in "${_fsdp_exit_cmds[@]}"; do eval "$c"; done
+}
+fsdp_on_exit() {
+  _fsdp_exit_cmds+=("$1")
+  trap _fsdp_run_exit EXIT
+}
+
+# fsdp_scratch: a new temporary folder in $tmp, removed at exit. KEEP_TMP=DIR uses DIR instead
+# and keeps it (to look at what a failing test wrote).
+fsdp_scratch() {
+  if [ -n "${KEEP_TMP:-}" ]; then
+    tmp="$KEEP_TMP"
+    mkdir -p "$tmp"
+  else
+    tmp="$(mktemp -d)"
+    fsdp_on_exit "rm -rf '$tmp'"
+  fi
+}
+
+# fsdp_one_thread: one OpenMP and BLAS thread per process, for tests whose ranks share the
+# machine's cores (the trainers set their own with --threads).
+fsdp_one_thread() {
+  export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+}
+
+# expect_error NEEDLE COMMAND...: COMMAND must exit non-zero and print NEEDLE (a fixed string,
+# not a pattern) on stdout or stderr. Prints "refused: <the line>" when it does; otherwise
+# "FAILED: ..." with what it printed, sets fail=1 and returns 1. Its log is $tmp/expect_error.log.
+expect_error() {
+  local needle="$1" log="${tmp:-/tmp}/expect_error.log"
+  shift
+  if "$@" > "$log" 2>&1; then
+    echo "FAILED: exited 0, expected a refusal naming '$needle': $*"
+    fail=1
+    return 1
+  fi
+  if ! grep -qF -- "$needle" "$log"; then
+    echo "FAILED: the message lacks '$needle' ($*):"
+    cat "$log"
+    fail=1
+    return 1
+  fi
+  echo "refused: $(grep -F -- "$needle" "$log" | head -1 | cut -c1-160)"
+}

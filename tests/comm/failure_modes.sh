@@ -9,10 +9,11 @@
 set -uo pipefail
 failing="$1"; train="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 launch="$root/scripts/launch.sh"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_one_thread
+fsdp_scratch
 timeout_s=5
 # The bound each case must meet, seconds: generous, so that it tells a job that ended from one
 # that hangs on any machine, however busy (the times are printed, and bench/ reports them).

@@ -10,10 +10,11 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 ref="$root/tests/reference"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/model" --vocab-size 600 \
@@ -107,14 +108,6 @@ print(f"worst relative difference {worst:.2e} (tolerance 1e-5); loss {want[0]:.4
 sys.exit(0 if worst <= 1e-5 and abs(want[-1] - want[0]) > 1e-3 * want[0] else 1)
 PY
 
-expect_error() {  # expect_error NEEDLE COMMAND...
-  local needle="$1"; shift
-  if "$@" > "$tmp/err.log" 2>&1; then
-    echo "FAILED: expected failure for: $*"; fail=1
-  elif ! grep -q -- "$needle" "$tmp/err.log"; then
-    echo "FAILED: message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
-  fi
-}
 printf '%s\n' '{"messages": [{"role": "assistant", "content": "hi"}]}' > "$tmp/first.jsonl"
 expect_error "first.jsonl:1: the conversation starts with an assistant turn" \
   "$py" "$root/scripts/tokenize_chat.py" "$tmp/first.jsonl" --tokenizer "$tmp/model" --out-dir "$tmp/bad"

@@ -8,9 +8,10 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+here="$FSDP_ROOT"
+fsdp_scratch
+fsdp_one_thread
 args=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --lr 3e-3 --threads 1 --batch 4
       --data synthetic)
 fail=0
@@ -83,13 +84,8 @@ awk -v a="$cpp" -v b="$pyl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "
   || { echo "PyTorch's loss from the export differs"; cat "$tmp/py.log"; fail=1; }
 
 # Bad flags: clear messages, exit 2.
-expect_error() {  # expect_error NEEDLE ARGS...
-  local needle="$1"; shift
-  if "$bin" "$@" > "$tmp/err.log" 2>&1; then echo "expected failure for: $*"; fail=1
-  elif ! grep -q -- "$needle" "$tmp/err.log"; then echo "message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1; fi
-}
-expect_error "need --save-dir" --resume
-expect_error "--save-every must be >= 0" --save-dir "$tmp/x" --save-every -1
-expect_error "give one" --save-dir "$tmp/x" --resume --init-from "$tmp/model.safetensors"
+expect_error "need --save-dir" "$bin" --resume
+expect_error "--save-every must be >= 0" "$bin" --save-dir "$tmp/x" --save-every -1
+expect_error "give one" "$bin" --save-dir "$tmp/x" --resume --init-from "$tmp/model.safetensors"
 [ "$fail" -eq 0 ] && echo "checkpoint resume: passed"
 exit "$fail"

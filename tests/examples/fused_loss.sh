@@ -9,9 +9,10 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
+fsdp_scratch
+fsdp_one_thread
 fail=0
 for tied in "" "--tied"; do
   "$py" "$root/tests/reference/hf_llama.py" make-tiny --out "$tmp/model${tied:+_tied}" --vocab 1001 \
@@ -68,11 +69,6 @@ done
 run w2_auto 2 model_tied --loss-mask "$tmp/train.mask" --fused-loss &&
   compare "w2 tied, masked fused (automatic chunk)" "$tmp/w2_model_tied_unfused.txt" \
     "$tmp/w2_auto.txt" || fail=1
-if "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --loss-chunk 8 > "$tmp/err.log" 2>&1; then
-  echo "FAILED: --loss-chunk without --fused-loss ran"; fail=1
-elif grep -q -- "--loss-chunk needs --fused-loss" "$tmp/err.log"; then
-  echo "refused: --loss-chunk needs --fused-loss"
-else
-  echo "FAILED: --loss-chunk without --fused-loss: $(cat "$tmp/err.log")"; fail=1
-fi
+expect_error "--loss-chunk needs --fused-loss" \
+  "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --loss-chunk 8
 exit $fail

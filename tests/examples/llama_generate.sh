@@ -8,10 +8,11 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 ref="$root/tests/reference"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 "$py" "$ref/hf_llama.py" make-tiny --out "$tmp/model" --vocab 301 --hidden 64 --layers 2 \
@@ -71,17 +72,9 @@ else
   echo "FAILED: sampling gave '$s1' at world 1 and '$s2' at world 2 (greedy: '$want')"; fail=1
 fi
 
-expect_error() {  # expect_error NEEDLE ARGS...
-  local needle="$1"; shift
-  if "$bin" "$@" > "$tmp/err.log" 2>&1; then
-    echo "FAILED: expected failure for: $*"; fail=1
-  elif ! grep -q -- "$needle" "$tmp/err.log"; then
-    echo "FAILED: message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
-  fi
-}
-expect_error "outside the vocabulary of 301" --hf-dir "$tmp/trained" --generate-ids 5,301 --threads 1
-expect_error "--top-p must be in (0, 1]" "${gen[@]}" --temperature 1 --top-p 0
-expect_error "--max-new-tokens must be >= 0" --hf-dir "$tmp/trained" --generate-ids 1 --max-new-tokens -1
-expect_error "--temperature must be a finite number >= 0" "${gen[@]}" --temperature -1
-expect_error "give the model as --hf-dir" --generate-ids 1,2
+expect_error "outside the vocabulary of 301" "$bin" --hf-dir "$tmp/trained" --generate-ids 5,301 --threads 1
+expect_error "--top-p must be in (0, 1]" "$bin" "${gen[@]}" --temperature 1 --top-p 0
+expect_error "--max-new-tokens must be >= 0" "$bin" --hf-dir "$tmp/trained" --generate-ids 1 --max-new-tokens -1
+expect_error "--temperature must be a finite number >= 0" "$bin" "${gen[@]}" --temperature -1
+expect_error "give the model as --hf-dir" "$bin" --generate-ids 1,2
 exit $fail

@@ -9,9 +9,10 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 # vocab 1001 over 2 TP ranks and then 2 or 4 data-parallel ranks: uneven everywhere.

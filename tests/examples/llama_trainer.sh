@@ -12,10 +12,11 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 ref="$root/tests/reference"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 # A tiny GQA model (vocab 1001: uneven shards at world 2), and token files of a random walk
@@ -72,61 +73,64 @@ print(f"--tp 2 --dump-logits: shape {list(b.shape)}, relative difference {err:.2
 sys.exit(0 if a.shape == b.shape and err <= 1e-5 else 1)
 PY
 
-# expect_error LABEL NEEDLE COMMAND...: a non-zero exit whose output contains NEEDLE.
-expect_error() {
-  local label="$1" needle="$2"; shift 2
-  if "$@" > "$tmp/err.log" 2>&1; then
-    echo "FAILED: $label: exit 0"; fail=1; return
-  fi
-  if ! grep -qF -- "$needle" "$tmp/err.log"; then
-    echo "FAILED: $label: the message lacks '$needle':"; cat "$tmp/err.log"; fail=1; return
-  fi
-  echo "$label: refused ($(grep -F -- "$needle" "$tmp/err.log" | head -1 | cut -c1-150))"
-}
+# Bad input, each refused by name (expect_error: scripts/lib.sh).
 small=(--data-tokens "$tmp/train.bin" --seq 32 --batch 4 --steps 1 --threads 1)
 cp -r "$tmp/model" "$tmp/broken"
 rm "$tmp/broken/model.safetensors"
-expect_error "missing weights" "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+# missing weights
+expect_error "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
 cp "$tmp/model/model.safetensors" "$tmp/broken/model.safetensors"
 truncate -s 1000 "$tmp/broken/model.safetensors"
-expect_error "truncated weights" "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+# truncated weights
+expect_error "model.safetensors" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
 cp "$tmp/model/model.safetensors" "$tmp/broken/model.safetensors"
 "$py" - "$tmp/broken/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["intermediate_size"] = 128
 json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "config against weights" "mlp.gate_proj.weight" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+# config against weights
+expect_error "mlp.gate_proj.weight" "$bin" --hf-dir "$tmp/broken" "${small[@]}"
 "$py" - "$tmp/broken/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["intermediate_size"] = 160
 c["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
 json.dump(c, open(sys.argv[1], "w"))
 PY
-expect_error "rope_scaling" 'rope type "yarn" is not implemented' "$bin" --hf-dir "$tmp/broken" "${small[@]}"
+# rope_scaling
+expect_error 'rope type "yarn" is not implemented' "$bin" --hf-dir "$tmp/broken" "${small[@]}"
 "$py" -c "import numpy as np, sys; np.array([5, 7, 4000, 9] * 20, dtype='<u2').tofile(sys.argv[1])" "$tmp/big_id.bin"
-expect_error "token id beyond the vocabulary" "4000" "$bin" --hf-dir "$tmp/model" \
+# token id beyond the vocabulary
+expect_error "4000" "$bin" --hf-dir "$tmp/model" \
   --data-tokens "$tmp/big_id.bin" --seq 8 --batch 4 --steps 1 --threads 1
 head -c 2001 "$tmp/train.bin" > "$tmp/odd.bin"
-expect_error "truncated token file" "odd.bin" "$bin" --hf-dir "$tmp/model" \
+# truncated token file
+expect_error "odd.bin" "$bin" --hf-dir "$tmp/model" \
   --data-tokens "$tmp/odd.bin" "${small[@]:2}"
 mkdir "$tmp/taken"; echo keep > "$tmp/taken/mine.txt"
-expect_error "existing export directory" "exists already" "$bin" --hf-dir "$tmp/model" \
+# existing export directory
+expect_error "exists already" "$bin" --hf-dir "$tmp/model" \
   "${small[@]}" --export-hf "$tmp/taken"
 [ "$(cat "$tmp/taken/mine.txt")" = keep ] || { echo "FAILED: the existing directory changed"; fail=1; }
-expect_error "unknown preset" "expected one of llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.2-1b" "$bin" \
+# unknown preset
+expect_error "expected one of llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.2-1b" "$bin" \
   --preset llama4 --plan
 # Tensor-parallel layouts that cannot be: refused on every rank before any communication.
-expect_error "--tp not dividing the world" "--tp 3 must divide the world of 2 ranks" \
+# --tp not dividing the world
+expect_error "--tp 3 must divide the world of 2 ranks" \
   "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 3
-expect_error "--tp not dividing the heads" "must divide the attention heads (4) and the key/value heads (2)" \
+# --tp not dividing the heads
+expect_error "must divide the attention heads (4) and the key/value heads (2)" \
   "${mpiexec[@]}" -n 4 "$bin" --hf-dir "$tmp/model" "${small[@]}" --tp 4
 # float8 options that cannot be (fsdp/models/float8_options.h): refused before any weight loads.
-expect_error "--float8-skip without --float8" "--float8-skip needs --float8" \
+# --float8-skip without --float8
+expect_error "--float8-skip needs --float8" \
   "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8-skip k_proj
-expect_error "--float8 skipping no Linear" "'qkv' to skip names no Linear of a decoder layer" \
+# --float8 skipping no Linear
+expect_error "'qkv' to skip names no Linear of a decoder layer" \
   "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --float8-skip qkv
-expect_error "--float8 with --tp" "--float8: tensor parallelism (degree 2) is not supported" \
+# --float8 with --tp
+expect_error "--float8: tensor parallelism (degree 2) is not supported" \
   "${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --tp 2
 
 [ "$fail" -eq 0 ] && echo "llama trainer: passed"

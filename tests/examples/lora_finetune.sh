@@ -19,10 +19,11 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 ref="$root/tests/reference"
-tmp="${KEEP_TMP:-$(mktemp -d)}"; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT; mkdir -p "$tmp"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/tok" --vocab-size 600 \
@@ -183,14 +184,6 @@ got_prompt="$(sed -n 's/^prompt: [0-9]* tokens: //p' "$tmp/gen_chat.log")"
   && echo "--chat's prompt ids equal transformers' apply_chat_template (system + user turns)" \
   || { echo "FAILED: --chat encoded '$got_prompt', transformers '$want_prompt'"; fail=1; }
 
-expect_error() {  # expect_error NEEDLE COMMAND...
-  local needle="$1"; shift
-  if "$@" > "$tmp/err.log" 2>&1; then
-    echo "FAILED: expected failure for: $*"; fail=1
-  elif ! grep -q -- "$needle" "$tmp/err.log"; then
-    echo "FAILED: message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
-  fi
-}
 plain=(--hf-dir "$tmp/base" --data-tokens "$tmp/data/train.bin" --seq 64 --batch 8 --steps 1
        --threads 1 --export-adapter "$tmp/bad")
 expect_error "LoRA target 'qkv' names no module of the Llama model" \

@@ -8,8 +8,9 @@
 set -uo pipefail
 bin="$1"; shift
 mpiexec=("$@")
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+fsdp_scratch
+fsdp_one_thread
 sizes=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --steps 6 --lr 3e-3 --threads 1)
 args=("${sizes[@]}" --batch 4)
 fail=0
@@ -67,31 +68,23 @@ fi
 grep -q "| int8 all-gather, blocks of 64" "$tmp/w2q.log" \
   || { echo "the header does not show the quantized all-gather:"; cat "$tmp/w2q.log"; fail=1; }
 
-expect_error() {  # expect_error NEEDLE ARGS...
-  local needle="$1"; shift
-  if "$bin" "$@" > "$tmp/err.log" 2>&1; then
-    echo "expected failure for: $*"; fail=1
-  elif ! grep -q -- "$needle" "$tmp/err.log"; then
-    echo "message for '$*' lacks '$needle':"; cat "$tmp/err.log"; fail=1
-  fi
-}
-expect_error "--dim must be a positive integer" --dim 0
-expect_error "--heads must divide --dim" --dim 64 --heads 5
-expect_error "no such file" --data /nonexistent/text.txt
-expect_error "The following argument was not expected: --bogus" --bogus
-expect_error "--loss-chunk needs --fused-loss" --loss-chunk 8
-expect_error "need --dim a multiple of 16" --float8 --dim 40 --heads 4
-expect_error "--clip-grad-norm must be a finite number >= 0" --clip-grad-norm -1
-expect_error "--init-from /nonexistent.safetensors: no such file" --init-from /nonexistent.safetensors
-expect_error "--steps must be a positive integer" --steps -3
-expect_error "--grad-accum must be a positive integer" --grad-accum 0
-expect_error "--replicas 2 must divide the world of 1 ranks" --replicas 2
-expect_error "--replicas 0 must divide the world of 1 ranks" --replicas 0
-expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" --offload optimizer \
+expect_error "--dim must be a positive integer" "$bin" --dim 0
+expect_error "--heads must divide --dim" "$bin" --dim 64 --heads 5
+expect_error "no such file" "$bin" --data /nonexistent/text.txt
+expect_error "The following argument was not expected: --bogus" "$bin" --bogus
+expect_error "--loss-chunk needs --fused-loss" "$bin" --loss-chunk 8
+expect_error "need --dim a multiple of 16" "$bin" --float8 --dim 40 --heads 4
+expect_error "--clip-grad-norm must be a finite number >= 0" "$bin" --clip-grad-norm -1
+expect_error "--init-from /nonexistent.safetensors: no such file" "$bin" --init-from /nonexistent.safetensors
+expect_error "--steps must be a positive integer" "$bin" --steps -3
+expect_error "--grad-accum must be a positive integer" "$bin" --grad-accum 0
+expect_error "--replicas 2 must divide the world of 1 ranks" "$bin" --replicas 2
+expect_error "--replicas 0 must divide the world of 1 ranks" "$bin" --replicas 0
+expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" "$bin" --offload optimizer \
   --optimizer adamw
-expect_error "--offload: bogus not in" --offload bogus
-expect_error "--quantize-all-gather is a block size, a multiple of 4" --quantize-all-gather 6
-expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "${args[@]}" --grad-accum 3
+expect_error "--offload: bogus not in" "$bin" --offload bogus
+expect_error "--quantize-all-gather is a block size, a multiple of 4" "$bin" --quantize-all-gather 6
+expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "$bin" "${args[@]}" --grad-accum 3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then
   echo "expected --batch 3 to fail on 2 ranks"; fail=1

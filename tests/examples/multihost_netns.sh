@@ -11,18 +11,18 @@
 set -uo pipefail
 bin="$1"; shift
 mpiexec=("$@")
-here="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+here="$FSDP_ROOT"
 hosts="$here/scripts/netns_hosts.sh"
 if ! why="$("$hosts" check 2>&1)"; then
   echo "SKIPPED: multi-host test needs network namespaces: $why"
   exit 77
 fi
 name="fsdp$$"
-tmp="$(mktemp -d)"
-cleanup() { "$hosts" down "$name"; [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"; }
-trap cleanup EXIT
+fsdp_scratch
+fsdp_on_exit '"$hosts" down "$name"'
 "$hosts" up "$name" 2 || { echo "could not set up the namespaces"; exit 1; }
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 args=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --steps 5 --lr 3e-3 --threads 1 --batch 8
       --comm-timeout 60)
 fail=0

@@ -12,8 +12,9 @@
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
 mpiexec=("$@")
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+fsdp_scratch
+fsdp_one_thread
 "${mpiexec[@]}" -n 2 "$bin" --vocab 2000 --dim 128 --layers 3 --heads 4 --seq 64 --batch 4 \
   --steps 5 --threads 1 --data synthetic --profile-steps 2:3 --profile-dir "$tmp/prof" \
   > "$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }

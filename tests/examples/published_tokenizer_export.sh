@@ -13,10 +13,11 @@
 set -uo pipefail
 bin="$1"; py="$2"; sdist="$3"; shift 3
 mpiexec=("$@")
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
 ref="$root/tests/reference"
-tmp="${KEEP_TMP:-$(mktemp -d)}"; [ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT; mkdir -p "$tmp"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 fail=0
 
 "$py" "$ref/published_tokenizers_check.py" --sdist "$sdist" --write-dir llama-bpe "$tmp/tok" || exit 1

@@ -10,8 +10,9 @@
 #   tokenize_text.sh PYTHON
 set -uo pipefail
 py="$1"
-export ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+export ROOT="$FSDP_ROOT"
+fsdp_scratch
 cd "$tmp" || exit 1
 "$py" - <<'PY'
 import random
@@ -77,12 +78,8 @@ assert np.array_equal(np.fromfile("a/train.bin", "<u2"), expected(sp.encode, Non
 print(f"tokenize_text: {len(want)} SentencePiece ids and {len(want_hf)} tokenizers ids, as the "
       "tokenizers themselves encode the lines")
 PY
-expect_error() {  # LABEL NEEDLE ARGS...
-  local label="$1" needle="$2"; shift 2
-  if "$py" "$tok" "$@" > err.log 2>&1; then echo "FAILED: $label: exit 0"; exit 1; fi
-  grep -qF -- "$needle" err.log || { echo "FAILED: $label:"; cat err.log; exit 1; }
-  echo "$label: refused ($(grep -F -- "$needle" err.log | head -1))"
-}
-expect_error "missing text" "file not found: nope.txt" nope.txt --out-dir d
-expect_error "vocabulary too small" "--vocab-size 100" one.txt --out-dir d --vocab-size 100
+fail=0
+expect_error "file not found: nope.txt" "$py" "$tok" nope.txt --out-dir d  # missing text
+expect_error "--vocab-size 100" "$py" "$tok" one.txt --out-dir d --vocab-size 100  # vocabulary too small
+[ "$fail" -eq 0 ] || exit 1
 echo "tokenize_text: passed"

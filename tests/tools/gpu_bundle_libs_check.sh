@@ -10,8 +10,9 @@
 #   gpu_bundle_libs_check.sh PYTHON LIBFSDP LIBFSDP_MODELS [TRAIN_LLAMA LIBFSDP_TEXT]
 set -uo pipefail
 py="$1" libfsdp="$2" libmodels="$3" program="${4:-}" libtext="${5:-}"
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+root="$FSDP_ROOT"
+fsdp_scratch
 site="$("$py" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')"
 check() { "$py" "$root/scripts/gpu_bundle_libs.py" --bundle "$1" --site "$site" "${@:2}"; }
 add_lib() {  # add_lib BUNDLE SO

@@ -23,8 +23,9 @@ comm=0
 if [ "${1:-}" = "--comm" ]; then comm=1; bench="$2"; shift 2; fi
 bin="$1"; shift
 mpiexec=("$@")
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
+fsdp_scratch
+fsdp_one_thread
 table="$tmp/collectives.csv"
 if [ "$comm" -eq 1 ]; then
   for np in 2 4; do
