@@ -2,7 +2,7 @@
 # The planner's figures for bench/RESULTS.md: its predictions against measured runs on this
 # machine (tests/tools/planner_check.sh --comm, the ctest's own script) and its plan of the
 # reference preset on 8 and 64 H200 GPUs in hybrid layouts (assumed link figures, see
-# README.md). Writes bench/results/planner_check.txt and plan_reference.md, then rewrites
+# docs/scale.md). Writes bench/results/planner_check.txt and plan_reference.md, then rewrites
 # bench/RESULTS.md.
 #   bench/planner.sh [BUILD_DIR]
 set -euo pipefail

@@ -1,31 +1,34 @@
 #!/usr/bin/env python3
-"""README's command blocks, run as printed and held against what README shows.
+"""README's and the docs pages' command blocks, run as printed and held against what they show.
 
     scripts/readme_outputs.py check BLOCK... [--build DIR] [--python PY] [--skip REGEX]...
     scripts/readme_outputs.py update BLOCK... [--build DIR] [--python PY] [--skip REGEX]...
     scripts/readme_outputs.py list
 
 A block is the fenced code block that follows a line `<!-- readme-run: NAME [options] -->` in
-README.md; blocks run in README's order, in one scratch directory. Its commands are the lines that start with "$ " (continued by lines ending in "\"),
-run one after another with bash in a scratch directory that sees the repository's `scripts/`,
-`tests/`, `examples/` and `bench/` and the build as `build/`, with the Python environment's
-`bin/` first on PATH (so `python` is the venv's, as README says). What follows a command up
-to the next one is what it printed: README shows a selection of the lines (and "..." where it
-leaves some out). A block without "$ " lines shows the output of the command the marker names
-(`cmd=...`, words joined by "+": the quick start's `scripts/run_example.sh`).
+one of PAGES (README.md and the docs pages); blocks run in the pages' order (PAGES, then their
+order within a page), in one scratch directory. Its commands are the lines that start with "$ "
+(continued by lines ending in "\"), run one after another with bash in a scratch directory that
+sees the repository's `scripts/`, `tests/`, `examples/` and `bench/` and the build as `build/`,
+with the Python environment's `bin/` first on PATH (so `python` is the venv's, as the pages
+say). What follows a command up to the next one is what it printed: the page shows a selection
+of the lines (and "..." where it leaves some out). A block without "$ " lines shows the output
+of the command the marker names (`cmd=...`, words joined by "+": the quick start's
+`scripts/run_example.sh`).
 
-check:  every line README shows must appear, in order, in what the command printed now. Lines
+check:  every line a page shows must appear, in order, in what the command printed now. Lines
         are found by their key (the step number for "step N" lines, "validation after N steps",
         else the text with every number masked) and compared with the fields that change from
         run to run masked: rates, times, resident memory, PIDs. Other numbers (sizes, counts,
         token ids of a tokenizer) must be equal (floats of 8 or more significant digits to a
         relative 1e-7, which absorbs a different summation order in Python's BLAS). ctest runs
-        it on the quick start and the fine-tune walkthrough.
+        it on the quick start (README.md), the fine-tune walkthrough, chat and LoRA blocks
+        (docs/finetune.md) and the tensor-parallel one (docs/scale.md).
 
         What training computed (losses, validation losses, generated tokens: the lines
         MACHINE_DEPENDENT matches) depends on the processor's arithmetic: ATen's kernels and MKL
         choose AVX-512 or AVX2 code by processor, and 200 steps make a last-bit difference
-        percents. Every run here pins both to AVX2 (PINNED, which README's walkthrough exports
+        percents. Every run here pins both to AVX2 (PINNED, which the walkthrough exports
         too): measured, an AMD EPYC with AVX-512 then prints exactly what one with AVX2 alone
         printed unpinned. Where a processor still differs (an Intel one was not at hand to
         compare with the pins), such a line passes within CROSS_PROCESSOR_RTOL, the drift
@@ -34,7 +37,8 @@ check:  every line README shows must appear, in order, in what the command print
         (RELATIONS): the validation loss transformers and MLX compute from an export equals the
         trainer's last one (1e-6), and every generation a block prints gives the same tokens.
 update: runs the same and writes each shown line anew from the run (the selection and the
-        "..." stay), so that README prints what the current tree prints.
+        "..." stay) into the page that shows it, so that README and the docs pages print what
+        the current tree prints.
 
 Marker options: `allow-fail` (a command of the block is expected to exit non-zero: the crash of
 the checkpoint demo), `cmd=a+b+c`. Commands matching a --skip REGEX are not run (their
@@ -51,7 +55,12 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+# The pages whose blocks run, in this order (paths from ROOT). A block may read what an earlier
+# one wrote, so a page comes after the pages whose output its blocks read: docs/scale.md's
+# tensor-parallel block trains the walkthrough's base on its data (docs/finetune.md); within
+# docs/finetune.md lora reads what chat wrote, within docs/library.md roofline profile's trace.
+PAGES = ["README.md", "docs/finetune.md", "docs/scale.md", "docs/library.md",
+         "docs/benchmarks.md", "docs/build.md"]
 MARKER = re.compile(r"^<!-- readme-run: (\S+)(.*?)-->\s*$")
 
 # Fields that differ between two runs of the same command on the same machine.
@@ -69,7 +78,7 @@ VOLATILE = [
 ]
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
-# The processor's code paths, pinned for every command (README's walkthrough exports the same):
+# The processor's code paths, pinned for every command (the walkthrough exports the same):
 # ATen's vectorised kernels and MKL's BLAS at AVX2 on every x86-64 processor that has it.
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 # Lines whose numbers training computed, which the processor's arithmetic decides.
@@ -116,7 +125,7 @@ def same_figures(shown, printed):
 
 
 def within_drift(shown, printed):
-    """Whether a MACHINE_DEPENDENT line differs from README's as another processor's run may:
+    """Whether a MACHINE_DEPENDENT line differs from the page's as another processor's run may:
     the same text, every float within CROSS_PROCESSOR_RTOL; generated ids and text may be any
     (the relations check them against each other)."""
     a, b = volatile_masked(shown.strip()), volatile_masked(printed.strip())
@@ -158,13 +167,18 @@ def relations(block_name, printed):
 
 
 class Block:
-    def __init__(self, name, options, start, end, lines):
+    def __init__(self, name, options, start, end, lines, page=None):
         self.name, self.options = name, options
-        self.start, self.end = start, end  # README line indices of the fence's content
+        self.start, self.end = start, end  # the page's line indices of the fence's content
         self.lines = lines
+        self.page = page  # its path from ROOT (PAGES)
+
+    def where(self, index):
+        """A line of the block's page, for messages: `docs/finetune.md:123`."""
+        return f"{self.page}:{index + 1}"
 
     def commands(self):
-        """[(command text, [shown output lines with their README indices])]"""
+        """[(command text, [shown output lines with their indices in the page])]"""
         out, i = [], 0
         cmd = self.options.get("cmd")
         if cmd and not any(l.startswith("$ ") for l in self.lines):
@@ -208,6 +222,24 @@ def read_blocks(text):
     return lines, blocks
 
 
+def read_pages():
+    """({page: its lines}, {name: Block}) over PAGES, the blocks in the order they run."""
+    pages, blocks = {}, {}
+    for page in PAGES:
+        path = os.path.join(ROOT, page)
+        if not os.path.isfile(path):
+            sys.exit(f"readme_outputs: {page} (in PAGES) does not exist")
+        with open(path) as f:
+            lines, found = read_blocks(f.read())
+        pages[page] = lines
+        for name, block in found.items():
+            if name in blocks:
+                sys.exit(f"readme_outputs: block {name} is in {blocks[name].page} and in {page}")
+            block.page = page
+            blocks[name] = block
+    return pages, blocks
+
+
 def scratch_dir(build):
     work = tempfile.mkdtemp(prefix="fsdp_readme_")
     for name in ("scripts", "tests", "examples", "bench"):
@@ -240,7 +272,7 @@ def abbreviated(shown, printed):
 
 def match(shown, printed):
     """For each shown line (index, text): the printed line with its key, or None. Lines are
-    looked for after the previous match first (README shows them in order), then anywhere (a
+    looked for after the previous match first (pages show them in order), then anywhere (a
     table sorted by time reorders its rows from run to run)."""
     found, pos = [], 0
     for index, line in shown:
@@ -266,16 +298,16 @@ def main():
     ap.add_argument("--python", default=os.path.expanduser("~/.cache/fsdp-cpp/venv/bin/python"))
     ap.add_argument("--skip", action="append", default=[], help="regex of commands not to run")
     args = ap.parse_args()
-    text = open(README).read()
-    lines, blocks = read_blocks(text)
+    pages, blocks = read_pages()
     if args.mode == "list":
         for b in blocks.values():
             print(b.name, " | ".join(c for c, _ in b.commands()))
         return 0
-    names = [n for n in blocks if not args.blocks or n in args.blocks]  # README's order
+    names = [n for n in blocks if not args.blocks or n in args.blocks]  # the pages' order
     unknown = [n for n in args.blocks if n not in blocks]
     if unknown:
-        print(f"readme_outputs: README has no block {unknown} (it has {list(blocks)})")
+        print(f"readme_outputs: README and the docs pages have no block {unknown} (they have "
+              f"{list(blocks)})")
         return 2
     if not os.path.isfile(os.path.join(args.build, "bin", "train_minillm")):
         print(f"readme_outputs: {args.build} holds no build (bin/train_minillm)")
@@ -284,18 +316,20 @@ def main():
     env["PATH"] = os.path.dirname(os.path.abspath(args.python)) + os.pathsep + env["PATH"]
     env["FSDP_EXAMPLE_PREBUILT"] = "1"
     env["BUILD_DIR"] = os.path.abspath(args.build)
-    # The commands choose their own threads (README's flags; run_example.sh's), as a user's do.
+    # The commands choose their own threads (the pages' flags; run_example.sh's), as a user's do.
     env.pop("OMP_NUM_THREADS", None)
     env.pop("OPENBLAS_NUM_THREADS", None)
     env.update(PINNED)
-    problems, notes, changed = [], [], 0
-    # One scratch directory for the blocks of a run, in README's order: a block may read what an
-    # earlier one wrote (roofline reads profile's trace), as a reader following README would.
+    problems, notes, changed = [], [], {}
+    # One scratch directory for the blocks of a run, in the pages' order: a block may read what an
+    # earlier one wrote (roofline reads profile's trace, tensor-parallel the walkthrough's model),
+    # as a reader following the pages would.
     work = scratch_dir(args.build)
     try:
         for name in names:
             block = blocks[name]
             block_printed = []
+            print(f"readme_outputs: block {name} ({block.page})", flush=True)
             for command, shown in block.commands():
                 if any(re.search(s, command) for s in args.skip):
                     print(f"(skipped: {command})")
@@ -303,36 +337,37 @@ def main():
                 rc, printed = run(command, work, env)
                 block_printed.extend(printed)
                 if rc != 0 and not block.options.get("allow-fail"):
-                    problems.append(f"{name}: `{command}` exited with {rc}")
+                    problems.append(f"{name} ({block.page}): `{command}` exited with {rc}")
                     continue
                 for index, line, got in match(shown, printed):
                     if got is None:
-                        problems.append(f"{name}: README shows\n    {line}\n  the run printed no "
-                                        f"line like it (`{command}`)")
+                        problems.append(f"{name}: {block.where(index)} shows\n    {line}\n  the "
+                                        f"run printed no line like it (`{command}`)")
                     elif args.mode == "check" and not same_figures(line, got):
-                        report = (f"{name}: README shows\n    {line}\n  the run printed\n"
-                                  f"    {got}")
+                        report = (f"{name}: {block.where(index)} shows\n    {line}\n  the run "
+                                  f"printed\n    {got}")
                         if MACHINE_DEPENDENT.match(line) and within_drift(line, got):
                             notes.append(report)
                         else:
                             problems.append(report)
                     elif args.mode == "update" and got != line:
-                        lines[index] = got.rstrip()
-                        changed += 1
-            problems.extend(relations(name, block_printed))
+                        pages[block.page][index] = got.rstrip()
+                        changed[block.page] = changed.get(block.page, 0) + 1
+            problems.extend(f"{p} ({block.page})" for p in relations(name, block_printed))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if args.mode == "update" and changed:
-        with open(README, "w") as f:
-            f.write("\n".join(lines))
-        print(f"readme_outputs: {changed} lines of README.md rewritten")
+    if args.mode == "update":
+        for page, count in changed.items():
+            with open(os.path.join(ROOT, page), "w") as f:
+                f.write("\n".join(pages[page]))
+            print(f"readme_outputs: {count} lines of {page} rewritten")
     for n in notes:
         print(f"NOTE (machine-dependent, within {CROSS_PROCESSOR_RTOL:.0%} or a generation the "
               f"relations check):", n)
     for p in problems:
         print("FAILED:", p)
     if not problems:
-        print(f"readme_outputs: {args.mode} of {', '.join(names)}: every line README shows "
+        print(f"readme_outputs: {args.mode} of {', '.join(names)}: every line the pages show "
               f"{'matches' if args.mode == 'check' else 'is current'}")
     return 1 if problems else 0
 

@@ -49,6 +49,7 @@ std::string check(const Options& o) {
   }
   if (!o.generate_text.empty()) {
     if (!o.generate_ids.empty()) return "--generate TEXT and --generate-ids IDS: give one";
+    if (!have_tokenizer()) return check_text_prompt(o);  // names the missing library
     if (o.hf_dir.empty() || !is_file(o.hf_dir + "/tokenizer.json")) {
       return fmt::format(
           "--generate needs the model's tokenizer.json in --hf-dir ({} has none; a model with "
