@@ -80,9 +80,11 @@ std::string check(const Options& o) {
   } else if (!o.train.plan && o.data_tokens.empty()) {
     return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
   }
+  // --plan reads no file of the run it plans (a recipe's data may live on the cluster only).
+  const bool reads_files = !o.train.plan;
   for (const auto& [flag, path] :
        {std::pair{"--data-tokens", o.data_tokens}, std::pair{"--val-tokens", o.val_tokens}}) {
-    if (!path.empty() && !is_file(path)) {
+    if (reads_files && !path.empty() && !is_file(path)) {
       return fmt::format("{} {}: no such file (expected a file of {} token ids)", flag, path,
                          o.tokens_dtype);
     }
@@ -90,7 +92,7 @@ std::string check(const Options& o) {
   if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
   if (!o.val_loss_mask.empty()) {
     if (o.val_tokens.empty()) return "--val-loss-mask needs --val-tokens (the tokens it masks)";
-    if (!is_file(o.val_loss_mask)) {
+    if (reads_files && !is_file(o.val_loss_mask)) {
       return fmt::format(
           "--val-loss-mask {}: no such file (expected one byte per token of "
           "--val-tokens)",
@@ -99,7 +101,7 @@ std::string check(const Options& o) {
   }
   if (!o.loss_mask.empty()) {
     if (o.data_tokens.empty()) return "--loss-mask needs --data-tokens (the tokens it masks)";
-    if (!is_file(o.loss_mask)) {
+    if (reads_files && !is_file(o.loss_mask)) {
       return fmt::format(
           "--loss-mask {}: no such file (expected one byte per token of "
           "--data-tokens, from scripts/tokenize_chat.py)",
@@ -115,7 +117,9 @@ std::string check(const Options& o) {
     return fmt::format("--export-hf {}: exists already; give a new directory", o.export_hf);
   }
   for (const auto& t : o.tokenizer) {
-    if (!exists(t)) return fmt::format("--tokenizer {}: no such file or directory", t);
+    if (reads_files && !exists(t)) {
+      return fmt::format("--tokenizer {}: no such file or directory", t);
+    }
   }
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
   if (o.document_start) {
@@ -178,6 +182,56 @@ fsdp::models::llama::Config model_config(const Options& o) {
   if (!o.preset.empty()) return *fsdp::models::llama::preset_config(o.preset);
   return fsdp::models::llama::read_hf_config(config_path(o));
 }
+
+namespace {
+
+// train_llama's own flags in their sections (the loop's: trainer::shared_sections).
+const trainer::SectionTable& sections() {
+  static const trainer::SectionTable table = {
+      {"hf-dir", "model"},
+      {"config", "model"},
+      {"preset", "model"},
+      {"data-tokens", "data"},
+      {"val-tokens", "data"},
+      {"tokens-dtype", "data"},
+      {"seq", "data"},
+      {"batch", "data"},
+      {"loss-mask", "data"},
+      {"document-start-id", "data"},
+      {"steps", "optimizer"},
+      {"tp", "parallelism"},
+      {"sp", "parallelism"},
+      {"export-hf", "checkpoint"},
+      {"export-dtype", "checkpoint"},
+      {"tokenizer", "checkpoint"},
+      {"max-shard-bytes", "checkpoint"},
+      {"export-adapter", "checkpoint"},
+      {"val-loss-mask", "validation"},
+      {"dump-logits", "validation"},
+      {"count", "validation"},
+      {"lora-rank", "lora"},
+      {"lora-alpha", "lora"},
+      {"lora-dropout", "lora"},
+      {"lora-targets", "lora"},
+      {"lora-adapter", "lora"},
+      {"float8", "float8"},
+      {"float8-skip", "float8"},
+      {"float8-all-gather", "float8"},
+      {"generate-ids", "generation"},
+      {"generate", "generation"},
+      {"chat", "generation"},
+      {"system", "generation"},
+      {"max-new-tokens", "generation"},
+      {"temperature", "generation"},
+      {"top-k", "generation"},
+      {"top-p", "generation"},
+      {"ignore-eos", "generation"},
+      {"no-cache", "generation"},
+  };
+  return table;
+}
+
+}  // namespace
 
 ParseResult parse_options(int argc, char** argv, int world) {
   CLI::App app{
@@ -323,7 +377,7 @@ ParseResult parse_options(int argc, char** argv, int world) {
   defaults.weight_decay = 0.1;
   defaults.lr_schedule = "cosine";
   trainer::add_train_flags(app, t, defaults, profile_steps);
-  if (auto stop = trainer::parse_flags(app, argc, argv)) {
+  if (auto stop = trainer::parse_flags(app, argc, argv, sections())) {
     return {std::nullopt, stop->exit_code, stop->message};
   }
   if (!o.lora_adapter.empty()) {

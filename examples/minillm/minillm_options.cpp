@@ -112,7 +112,23 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   // betas (0.9, 0.999), weight decay 0.01, a constant learning rate.
   std::string profile_steps;
   trainer::add_train_flags(app, o.train, trainer::TrainDefaults{}, profile_steps);
-  if (auto stop = trainer::parse_flags(app, argc, argv)) {
+  // train_minillm's own flags in their sections (the loop's: trainer::shared_sections).
+  static const trainer::SectionTable sections = {
+      {"preset", "model"},
+      {"vocab", "model"},
+      {"dim", "model"},
+      {"layers", "model"},
+      {"heads", "model"},
+      {"float8", "float8"},
+      {"seq", "data"},
+      {"batch", "data"},
+      {"data", "data"},
+      {"steps", "optimizer"},
+      {"export", "checkpoint"},
+      {"export-dtype", "checkpoint"},
+      {"init-from", "checkpoint"},
+  };
+  if (auto stop = trainer::parse_flags(app, argc, argv, sections)) {
     return {std::nullopt, stop->exit_code, stop->message};
   }
   const Preset& p = presets().at(o.preset);

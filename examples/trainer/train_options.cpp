@@ -264,7 +264,9 @@ std::string check(const TrainOptions& o, int world) {
 
 }  // namespace
 
-std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv) {
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv,
+                                     const SectionTable& sections) {
+  use_sections(app, sections);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

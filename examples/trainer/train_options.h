@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "sections.h"
+
 namespace trainer {
 
 struct TrainOptions {
@@ -91,13 +93,16 @@ struct TrainDefaults {
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
                      std::string& profile_steps);
 
-// Parses argv into `app`'s flags. nullopt when the program goes on; otherwise what to print
-// and the exit code: --help's text and 0, or a parse error (with a pointer to --help) and 2.
+// Parses argv (and the --recipe it names) into `app`'s flags, which `sections` (the program's
+// own) and shared_sections() put in their sections (sections.h). nullopt when the program goes
+// on; otherwise what to print and the exit code: --help's text and 0, or a parse error (with a
+// pointer to --help) and 2.
 struct ParseStop {
   int exit_code = 0;
   std::string message;
 };
-std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv);
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv,
+                                     const SectionTable& sections);
 
 // After parsing: reads --profile-steps and checks every value against the world size; the
 // error (naming the flag, its value and what is expected) or "".
