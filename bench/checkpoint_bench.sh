@@ -6,8 +6,8 @@
 # bench/results/checkpoint.csv (bench/make_report.py adds it to bench/RESULTS.md).
 #   bench/checkpoint_bench.sh [--rounds N] [--dir DIR]   (DIR: where checkpoints go; /tmp)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
@@ -23,8 +23,8 @@ TRAIN="$build/bin/train_minillm"
 py=$(sed -n 's/^FSDP_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")
 [ -x "$TRAIN" ] && [ -x "$py" ] || { echo "checkpoint_bench: build first" >&2; exit 2; }
 mpi=("${FSDP_MPIRUN[@]}")
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-work="$base/fsdp_checkpoint_bench.$$"; mkdir -p "$work"; trap 'rm -rf "$work"' EXIT
+fsdp_one_thread
+work="$base/fsdp_checkpoint_bench.$$"; mkdir -p "$work"; fsdp_on_exit 'rm -rf "$work"'
 model=(--vocab 4096 --dim 512 --layers 16 --heads 8)
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && echo cold || echo warm; }
 

@@ -4,8 +4,8 @@
 # bench/RESULTS.md and bench/results/*.png.
 #   bench/compare_pytorch.sh [--rounds N]       (default 3; BUILD_DIR overrides ./build)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
@@ -25,7 +25,7 @@ PY="$venv/bin/python"                    # the venv's: torch 2.11, the libtorch 
 REF="$root/bench/reference/py_minillm.py"
 TRAIN="$build/bin/train_minillm"
 mpi=("${FSDP_MPIRUN[@]}")
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1   # one thread per rank, both programs
+fsdp_one_thread   # one thread per rank, both programs
 mkdir -p "$out"
 log="$out/last_run.log"; : > "$log"
 

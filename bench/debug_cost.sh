@@ -7,8 +7,8 @@
 # bench/results/debug_cost.csv and prints the ratios of medians.
 #   bench/debug_cost.sh [--rounds 3]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 rounds=3
 while [ $# -gt 0 ]; do
@@ -24,8 +24,8 @@ for f in "$TRAIN" "$COST"; do
   [ -x "$f" ] || { echo "profiler_cost: build first ($f missing)" >&2; exit 2; }
 done
 mpi=("${FSDP_MPIRUN[@]}" -n 2)
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_one_thread
+fsdp_scratch
 out="$root/bench/results/debug_cost.csv"
 echo "mode,round,median_step_s" > "$out"
 # Steps 2..11 are measured in every mode; "on" profiles exactly those steps.

@@ -10,8 +10,8 @@
 # fp32 GEMM), so float8 is slower here; its speed is measured on a GPU (scripts/gpu_check.sh).
 #   bench/float8_curve.sh [--steps N]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 steps=200
 while [ $# -gt 0 ]; do
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/float8_curve.sh [--steps N]" >&2; exit 2 ;;
   esac
 done
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_scratch
 export OMP_NUM_THREADS=2
 "$FSDP_PY" "$root/tests/reference/hf_llama.py" make-tiny --out "$tmp/model" --vocab 4096 \
   --hidden 256 --layers 4 --heads 8 --kv-heads 4 --intermediate 704 --seed 3 > /dev/null

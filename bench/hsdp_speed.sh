@@ -7,17 +7,17 @@
 # ranks instead of 4, plus an all-reduce), not its gain between machines.
 #   bench/hsdp_speed.sh [--rounds N]
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3
 [ "${1:-}" = "--rounds" ] && rounds="$2"
 py="$FSDP_PY"
 mpi=("${FSDP_MPIRUN[@]}")
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 steps=10
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_scratch
 echo "program,layout,round,tokens_per_s,peak_rss_mb" > "$out/hsdp.csv"
 rss() { awk '/MAXRSS_KB/ { printf "%.0f", $2 / 1024 }' "$1"; }
 for ((r = 0; r < rounds; r++)); do

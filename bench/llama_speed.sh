@@ -11,8 +11,8 @@
 # (bench/report_llama.py).
 #   bench/llama_speed.sh [--rounds N] [--steps N]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3 steps=6
@@ -23,8 +23,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/llama_speed.sh [--rounds N] [--steps N]" >&2; exit 2 ;;
   esac
 done
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_one_thread
+fsdp_scratch
 "$FSDP_PY" "$root/bench/llama_bench_inputs.py" "$tmp"
 csv="$out/llama_speed.csv"
 echo "program,world,round,tokens_per_s,peak_rss_mb" > "$csv"

@@ -10,8 +10,8 @@
 # makes RESULTS.md's section.
 #   bench/lora_memory.sh [--rounds N] [--steps N]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=2
@@ -23,8 +23,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/lora_memory.sh [--rounds N] [--steps N]" >&2; exit 2 ;;
   esac
 done
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_scratch
+fsdp_one_thread
 ref="$root/tests/reference/hf_llama.py"
 "$FSDP_PY" "$ref" make-tiny --out "$tmp/model" --vocab 49152 --hidden 576 --layers 30 --heads 9 \
   --kv-heads 3 --intermediate 1536 --tied --rope-theta 100000 --max-position 8192 --init-std 0.02 \

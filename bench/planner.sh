@@ -6,14 +6,14 @@
 # bench/RESULTS.md.
 #   bench/planner.sh [BUILD_DIR]
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${1:-$root/build}"
 out="$root/bench/results"
 mpi=("${FSDP_MPIRUN[@]}")
 "$root/tests/tools/planner_check.sh" --comm "$build/bin/collectives_bench" "$build/bin/train_minillm" \
   "${mpi[@]}" | tee "$out/planner_check.txt"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_scratch
 {
   echo "| GPUs | replicas x shards | params + grads + AdamW shards | gathered params | comm buffers | activations | total per GPU | all-gather | reduce-scatter | all-reduce | comm per step |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|"

@@ -7,8 +7,8 @@
 # bench/results/qwz_losses.csv and qwz_summary.csv; bench/report_qwz.py makes RESULTS.md's section.
 #   bench/quantized_all_gather.sh [--steps N]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 steps=60
@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: bench/quantized_all_gather.sh [--steps N]" >&2; exit 2 ;;
   esac
 done
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_scratch
 echo "dtype,block,step,loss" > "$out/qwz_losses.csv"
 echo "dtype,block,all_gather_mib_per_step" > "$out/qwz_summary.csv"
 for dtype in fp32 bf16; do

@@ -5,8 +5,8 @@
 # warm-up (the first 20% of the run) and writes bench/results/soak.csv.
 #   bench/soak.sh [--minutes M]
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 minutes=30
 while [ $# -gt 0 ]; do
@@ -19,8 +19,11 @@ TRAIN="$build/bin/train_minillm"
 PY="$FSDP_PY"
 [ -x "$TRAIN" ] || { echo "soak: build first ($TRAIN missing)" >&2; exit 2; }
 mpi=("${FSDP_MPIRUN[@]}" -n 4)
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tmp="$(mktemp -d)"; trap 'kill "$job" 2>/dev/null; rm -rf "$tmp"' EXIT
+fsdp_one_thread
+# The trainer is stopped before its folder is removed (the exit steps run in this order).
+job=""
+fsdp_on_exit '[ -z "$job" ] || kill "$job" 2>/dev/null || true'
+fsdp_scratch
 out="$root/bench/results/soak.csv"
 "${mpi[@]}" "$TRAIN" --preset cpu-small --threads 1 --steps 1000000 --save-dir "$tmp/ckpt" \
   --save-every 5 --keep 2 > "$tmp/log" 2>&1 &

@@ -12,8 +12,8 @@
 # (bench/report_tiny_units.py).
 #   bench/tiny_units.sh [--rounds N] [--steps N]
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 rounds=3 steps=40
@@ -25,8 +25,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$out"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_one_thread
+fsdp_scratch
 shape=(--vocab 1000 --hidden 64 --layers 48 --heads 4 --kv-heads 2 --intermediate 160)
 "$FSDP_PY" - "$tmp" <<'PY'
 import json, sys, numpy as np

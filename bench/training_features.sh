@@ -8,8 +8,8 @@
 # measured under glibc's malloc and, when installed (Debian: libjemalloc2), under jemalloc
 # (LD_PRELOAD): glibc keeps freed activation-sized blocks in its heap, resident.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 out="$root/bench/results"
 only=""
@@ -22,9 +22,9 @@ done
 TRAIN="$build/bin/train_minillm"
 [ -x "$TRAIN" ] || { echo "training_features: build first ($TRAIN missing)" >&2; exit 2; }
 mpi=("${FSDP_MPIRUN[@]}")
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 mkdir -p "$out"
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+fsdp_scratch
 
 jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 allocators=(glibc)

@@ -32,11 +32,11 @@
 # $HOME/.cache/fsdp-cpp). Prints a table (runtime, dtype, val loss, ppl, exp(expected), rel err)
 # and exits 0 when every runtime agrees, 1 when one does not, 2 on a usage error.
 set -euo pipefail
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 EXECUTORCH=1.2.0 TORCHAO=0.17.0
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(dirname "$here")
+root="$FSDP_ROOT"
+here="$root/scripts"
 helper="$root/tests/reference/edge_runtimes.py"
 
 usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -73,7 +73,7 @@ py="$venv/bin/python"
 [ -x "$py" ] || die "no venv at $venv (scripts/install_deps.sh makes it)"
 "$py" -c "import torch, transformers, safetensors, sentencepiece" 2>/dev/null ||
   die "the venv lacks torch/transformers/safetensors/sentencepiece: $venv/bin/pip install transformers sentencepiece"
-if [ -z "$work" ]; then work=$(mktemp -d); trap 'rm -rf "$work"' EXIT; fi
+if [ -z "$work" ]; then fsdp_scratch; work="$tmp"; fi
 mkdir -p "$work"
 rows="$work/rows.jsonl"; : > "$rows"
 common=(--val-tokens "$val" --tokens-dtype "$dtype" --seq "$seq" --expect "$expect" --rows "$rows")

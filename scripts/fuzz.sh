@@ -9,7 +9,8 @@
 #   scripts/fuzz.sh [--seconds S] [--jobs J] [TARGET...]   (targets: launch_env trainer_flags
 #                                                           manifest safetensors; default all)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build-fuzz}"
 seconds=600
 jobs=1
@@ -33,7 +34,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILE
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 cmake --build "$build" -j "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}")
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-export OMP_NUM_THREADS=1
+fsdp_one_thread
 status=0
 for t in "${targets[@]}"; do
   corpus="$root/fuzz/corpus/$t"

@@ -9,15 +9,17 @@
 # there from the sources only with GPU_CHECK_BUILD=1. (fmt needs no copy: libtorch ships its
 # headers.)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 bash "$root/scripts/install_deps.sh"
 deps="$root/.gpu_deps"
 rm -rf "$deps"
 mkdir -p "$deps/include"
 cp -r /usr/include/CLI /usr/include/nlohmann "$deps/include/"
 cp -r /usr/src/googletest "$deps/googletest"
-venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
-wheels="$(mktemp -d)"
+venv="$FSDP_VENV"
+fsdp_scratch
+wheels="$tmp"
 "$venv/bin/python" -m pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 \
   --platform manylinux2014_x86_64 --dest "$wheels" safetensors
 "$venv/bin/python" -m zipfile -e "$wheels"/safetensors-*.whl "$deps/python"
@@ -25,5 +27,4 @@ wheels="$(mktemp -d)"
 "$venv/bin/python" -m pip download --quiet --only-binary=:all: --no-deps --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --dest "$wheels" "torchao==0.18.0"
 "$venv/bin/python" -m zipfile -e "$wheels"/torchao-*.whl "$deps/python"
-rm -rf "$wheels"
 echo "gpu_bundle_deps: $(du -sh "$deps" | cut -f1) in $deps"

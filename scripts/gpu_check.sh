@@ -71,7 +71,8 @@
 # cpu-small preset instead of the reference one, no FSDP_REQUIRE_GPU (the CUDA tests then skip,
 # and the summary says so), FSDP2 on gloo.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 self="$root/scripts/gpu_check.sh"
 
 if [ "${1:-}" = "--body" ]; then

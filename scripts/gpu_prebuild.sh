@@ -19,11 +19,12 @@
 #   scripts/gpu_prebuild.sh            # build, strip, copy, check
 #   scripts/gpu_prebuild.sh --check    # only the check of an existing bundle
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 build="$root/build-gpu-bundle"
 bundle="$root/.gpu_bundle"
 gpu_site="${GPU_SITE_PACKAGES:-/opt/torch/.venv/lib/python3.12/site-packages}"
-venv="${FSDP_VENV:-$HOME/.cache/fsdp-cpp/venv}"
+venv="$FSDP_VENV"
 jobs="${JOBS:-2}"
 programs=(train_minillm train_llama test_cuda nccl_two_ranks nccl_gpu_fault)
 

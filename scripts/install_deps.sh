@@ -14,7 +14,7 @@
 #      engine, for chat templates, from it), into $FSDP_CACHE/llama-cpp.
 # Prints the venv path as its last line: "install_deps: libtorch venv <path>".
 set -euo pipefail
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 torch_version=2.11.0
 venv="$FSDP_VENV"

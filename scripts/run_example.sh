@@ -5,8 +5,8 @@
 # FSDP_EXAMPLE_PREBUILT=1 skips the install and the build (the build exists: README's check,
 # scripts/readme_outputs.py, runs it so).
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 
 if [ "${FSDP_EXAMPLE_PREBUILT:-0}" != 1 ]; then
@@ -16,5 +16,5 @@ if [ "${FSDP_EXAMPLE_PREBUILT:-0}" != 1 ]; then
 fi
 
 # Two ranks on two cores: one intra-op thread each, or they fight for the cores.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 exec "${FSDP_MPIRUN[@]}" -np 2 "$build/bin/train_minillm" --preset cpu-small "$@"

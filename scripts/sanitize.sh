@@ -8,7 +8,8 @@
 # this project's code (and libtorch's inline headers) is checked. Multi-process tests (MPI,
 # Gloo, trainer scripts) are left out: their sanitizer reports would interleave across ranks.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 kind="${1:-}"; shift || true
 case "$kind" in
   asan) flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" ;;
@@ -22,7 +23,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_BUILD_BENC
   -DFSDP_WITH_NCCL=OFF -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
   -DCMAKE_SHARED_LINKER_FLAGS="$flags"
 cmake --build "$build" -j "$jobs"
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 # Leaks: libtorch's and Python's process-lifetime allocations are reported as leaks at exit.
 # Errors end the test (halt_on_error) so that ctest counts them as failures.
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1"

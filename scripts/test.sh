@@ -2,7 +2,8 @@
 # Installs what is missing, configures, builds and runs every test.
 #   scripts/test.sh [extra ctest args]      (BUILD_DIR overrides ./build)
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+root="$FSDP_ROOT"
 build="${BUILD_DIR:-$root/build}"
 # The cores, read before OMP_NUM_THREADS is set below: nproc honours OMP_NUM_THREADS, and with
 # it set to 1 ctest ran every test one after another.
@@ -17,6 +18,6 @@ if [ -f /usr/local/cuda/include/nccl.h ]; then engines+=(-DFSDP_WITH_NCCL=ON); f
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON "${engines[@]}"
 cmake --build "$build" -j "$jobs"
 # One intra-op thread per rank: several ranks share two cores in the multi-rank tests.
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fsdp_one_thread
 cd "$build"
 ctest --output-on-failure -j "$jobs" --timeout 600 "$@"
