@@ -1,9 +1,11 @@
 // Internal: what the units of one tree share for their communication (FSDP2's FSDPCommContext):
 // the pool their large buffers come from, the byte counters behind MemoryStats, the clock of
-// exposed communication behind CommStats, and the gradient reductions in flight with the rule
-// of how many may stay so (fsdp/runtime/layout.h). Every ParamGroup points to its tree's
-// context; until the root's lazy init a unit has one of its own. Only the owning rank's thread
-// touches it.
+// exposed communication behind CommStats, and the queue of gradient reductions in flight (which
+// the reduce code drives: reduce.h's track_reduction and finish_reductions, with the rule of how
+// many may stay in flight, fsdp/runtime/layout.h). The context calls nothing above it: a
+// Reduction uses the context (its buffers, its clock), never the other way round. Every
+// ParamGroup points to its tree's context; until the root's lazy init a unit has one of its own.
+// Only the owning rank's thread touches it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,12 +35,9 @@ class CommContext {
   void release_full_bytes(int64_t nbytes) { add(full_bytes_, peak_full_bytes_, -nbytes); }
 
   // --- gradient reductions in flight (FSDP2 keeps one reduce-scatter in flight) ---
-  // A reduction just issued: older ones finish so that at most kReductionsInFlight stay alive;
-  // with hybrid sharding the one before the newest moves on to its all-reduce across replicas
-  // instead of finishing.
-  void track(std::shared_ptr<Reduction> reduction);
-  // Finishes every reduction in flight (the end of a backward, a failed step).
-  void finish_reductions();
+  // Oldest first (the order every rank issued them in). Held here, one queue per tree; added
+  // to and finished only by reduce.h (track_reduction, finish_reductions).
+  std::deque<std::shared_ptr<Reduction>>& reductions_in_flight() { return in_flight_; }
 
   // --- what MemoryStats and CommStats read ---
   int64_t full_bytes() const { return full_bytes_; }
@@ -49,7 +48,6 @@ class CommContext {
   // Time the compute spent held up by collectives: collectives are waited with
   // wait_timed(exposed()) (fsdp/comm/wait_clock.h).
   WaitClock& exposed() { return exposed_; }
-  const WaitClock& exposed() const { return exposed_; }
 
  private:
   static void add(int64_t& now, int64_t& peak, int64_t n) {

@@ -85,7 +85,6 @@ class FsdpParam {
   int world() const { return static_cast<int>(ranges_.size()); }
   bool holds_full() const { return holds_full_; }
   bool requires_grad() const { return param_.requires_grad(); }
-  at::ScalarType orig_dtype() const { return shard_.scalar_type(); }
   // Elements every rank contributes to a collective: ceil(d0 / world) rows, padded.
   int64_t padded_numel() const { return shape().padded_numel(world()); }
   int64_t shard_bytes() const { return static_cast<int64_t>(shard_.nbytes()); }

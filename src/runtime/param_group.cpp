@@ -8,7 +8,6 @@
 #include <algorithm>
 
 #include "runtime/all_gather.h"
-#include "runtime/tree.h"
 #include "util/check.h"
 
 namespace fsdp::detail {
@@ -39,13 +38,14 @@ class CaptureGradHook final : public torch::autograd::FunctionPreHook {
 ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
                        const DeviceMesh& mesh, MixedPrecisionPolicy mp,
                        ProcessGroupPtr post_forward, const std::string& owner,
-                       std::optional<CPUOffloadPolicy> offload, const std::vector<int>& shard_dims)
+                       std::shared_ptr<CommContext> comm, std::optional<CPUOffloadPolicy> offload,
+                       const std::vector<int>& shard_dims)
     : pg_(mesh.shard),
       replicate_(mesh.replicate),
       range_names_(std::make_shared<UnitRangeNames>()),
-      tree_(std::make_shared<Tree>()),
-      comm_(tree_->comm_ptr()),
-      post_forward_(std::move(post_forward)) {
+      comm_(std::move(comm)),
+      post_forward_(std::move(post_forward)),
+      backward_end_(params.size()) {
   at::ScalarType orig = params.empty() ? at::kFloat : params.front().second.scalar_type();
   compute_dtype_ = mp.param_dtype.value_or(orig);
   reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
@@ -66,11 +66,6 @@ ParamGroup::ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params,
   pin_host_ = offload_ && offload->pin_memory;
   params_pass_through_ = pg_->size() == 1 && !replicate_ && compute_dtype_ == orig &&
                          reduce_dtype_ == orig && !offload_;
-}
-
-void ParamGroup::join(std::shared_ptr<Tree> tree) {
-  tree_ = std::move(tree);
-  comm_ = tree_->comm_ptr();
 }
 
 void ParamGroup::set_unit_name(const std::string& name) {
@@ -96,7 +91,7 @@ bool ParamGroup::reshard_after_forward() const {
 
 void ParamGroup::pre_forward() {
   training_ = TrainingState::kForward;
-  ++forwards_;
+  backward_end_.forward_began();
   wait_for_unshard();
   if (at::GradMode::is_enabled()) arm_grad_hooks();
 }
@@ -148,40 +143,44 @@ void ParamGroup::refresh_reduce_layout() {
 }
 
 void ParamGroup::arm_grad_hooks() {
-  grads_expected_ = 0;
+  backward_end_.hooks_armed(0);
   if (grads_pass_through()) return;
   refresh_reduce_layout();
+  size_t expected = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i];
     if (!p.requires_grad()) continue;
-    ++grads_expected_;
+    ++expected;
     auto node = torch::autograd::impl::grad_accumulator(p.param());
     if (!node || p.hooked(node)) continue;
     node->add_pre_hook(std::make_unique<CaptureGradHook>(weak_from_this(), i));
     p.set_hooked(std::move(node));
   }
+  backward_end_.hooks_armed(expected);
 }
 
 bool ParamGroup::take_param_grad(size_t index, const at::Tensor& grad) {
   // Gradients go to grad() as autograd delivers them: nothing to reduce (a hook armed while a
   // divide factor was set stays on the accumulator and lets them through).
   if (grads_pass_through()) return false;
-  tree_->on_backward_hook();
+  if (on_grad_hook_) on_grad_hook_();
   params_[index].capture_full_grad(grad);
-  if (grad_ready_.size() <= index) grad_ready_.resize(params_.size(), false);
-  if (grad_ready_[index]) return true;
-  grad_ready_[index] = true;
-  // All gradients present is the end of this unit's backward only when every parameter takes
-  // a gradient: a frozen weight may still be read to compute input gradients after that (the
-  // post-backward function on the unit's inputs covers that case). Nor when gradients arrive
-  // per use and the unit ran more than once: the first recompute's would end it early, and the
-  // other uses' gradients would wait a step (the inputs' function or the end of backward
-  // ends it then).
-  const bool one_delivery = !gradients_per_use_ || forwards_ <= 1;
-  if (++grads_seen_ == grads_expected_ && grads_expected_ == params_.size() && one_delivery) {
-    post_backward();
-  }
+  // All gradients present ends this unit's backward only when no parameter is frozen and each
+  // use's gradients arrive together (backward_end.h); otherwise the inputs' function or the
+  // end of the tree's backward ends it.
+  if (backward_end_.param_grad_arrived(index)) post_backward();
   return true;
+}
+
+void ParamGroup::input_grad_arrived() {
+  // Gradients reached the unit's inputs (every one wrapped since the last backward): nothing
+  // in the unit reads its parameters any more, frozen ones included.
+  if (backward_end_.input_grad_arrived()) post_backward();
+}
+
+void ParamGroup::tree_backward_ended() {
+  // Units whose gradients were incomplete (unused or frozen parameters) reduce what they have.
+  if (BackwardEnd::tree_backward_ended()) post_backward();
 }
 
 void ParamGroup::post_backward() {
@@ -224,16 +223,14 @@ void ParamGroup::post_backward() {
   spec.pin_host = pin_host_;
   spec.hooks = settings_.hooks;
   reduction_ = foreach_reduce(params_, reduce_layout_, spec, deferred_, comm_, range_names_);
-  comm_->track(reduction_);
+  track_reduction(*comm_, reduction_);
 }
 
 void ParamGroup::finalize_backward() {
   for (auto& p : params_) p.release_hooked();
   if (settings_.reshard_after_backward) reshard();
   training_ = TrainingState::kIdle;
-  grad_ready_.clear();
-  grads_seen_ = 0;
-  forwards_ = 0;
+  backward_end_.clear();
 }
 
 void ParamGroup::reset() {
@@ -243,9 +240,7 @@ void ParamGroup::reset() {
   }
   reshard();
   training_ = TrainingState::kIdle;
-  grad_ready_.clear();
-  grads_seen_ = 0;
-  forwards_ = 0;
+  backward_end_.clear();
 }
 
 bool ParamGroup::params_in_foreign_graph() const {

@@ -4,11 +4,13 @@
 // post-backward (reduce the gradients, free), with the unit's state as two enums
 // (fsdp/runtime/lifecycle.h). The autograd accumulator hooks call the group directly.
 //
-// What it decides with: its settings (FSDPModule's switches), its tree (the end-of-backward
-// callback) and its tree's CommContext (buffers, counters, reductions in flight). What it
-// moves: one all-gather per gather (copy-in, all-gather, copy-out: all_gather.h) and one
-// reduction per backward (reduce.h). When a unit's forward and backward run is UnitState's
-// wiring (hooks on inputs and outputs) and the Tree's order.
+// What it decides with: its settings (FSDPModule's switches), when its backward is over
+// (backward_end.h, fed by the three triggers below) and its tree's CommContext (buffers,
+// counters, reductions in flight). What it moves: one all-gather per gather (copy-in,
+// all-gather, copy-out: all_gather.h) and one reduction per backward (reduce.h). When a unit's
+// forward and backward run is UnitState's wiring (hooks on inputs and outputs) and the Tree's
+// order; the group knows no Tree (the unit reaches it) and calls nothing above it but the
+// listener the unit gives it (set_on_grad_hook).
 #pragma once
 
 #include <functional>
@@ -21,6 +23,7 @@
 #include "fsdp/comm/device_mesh.h"
 #include "fsdp/runtime/lifecycle.h"
 #include "fsdp/runtime/mixed_precision.h"
+#include "runtime/backward_end.h"
 #include "runtime/collectives.h"
 #include "runtime/comm_context.h"
 #include "runtime/fsdp_param.h"
@@ -28,8 +31,6 @@
 #include "util/profiler_range.h"
 
 namespace fsdp::detail {
-
-class Tree;
 
 // FSDPModule's switches that act on a group (FSDP2 keeps them on FSDPParamGroup).
 struct GroupSettings {
@@ -55,33 +56,31 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // `mesh.shard` shards the parameters; `mesh.replicate` (null without hybrid sharding) is the
   // group their reduced gradient shards are all-reduced over. `post_forward` (null unless
   // reshard_after_forward_ranks is set) is the smaller group this rank's parameters stay
-  // sharded over between forward and backward. `owner` names the unit, for messages. The
-  // group starts in a tree of its own (a unit used alone, or before its root's lazy init).
+  // sharded over between forward and backward. `owner` names the unit, for messages. `comm`:
+  // the CommContext of the unit's tree (its own until the root's lazy init: use_comm).
   // `offload`: the shards in host memory (CPUOffloadPolicy), copied to the device for each
   // gather and their reduced gradients copied back.
   ParamGroup(std::vector<std::pair<std::string, at::Tensor>> params, const DeviceMesh& mesh,
              MixedPrecisionPolicy mp, ProcessGroupPtr post_forward, const std::string& owner,
+             std::shared_ptr<CommContext> comm,
              std::optional<CPUOffloadPolicy> offload = std::nullopt,
              const std::vector<int>& shard_dims = {});
 
-  // The root's lazy init: the group joins the root's tree and its CommContext.
-  void join(std::shared_ptr<Tree> tree);
-  Tree& tree() { return *tree_; }
-  const Tree& tree() const { return *tree_; }
-  const std::shared_ptr<Tree>& tree_ptr() const { return tree_; }
+  // The root's lazy init: the group uses the CommContext of the root's tree.
+  void use_comm(std::shared_ptr<CommContext> comm) { comm_ = std::move(comm); }
   CommContext& comm() { return *comm_; }
-  const CommContext& comm() const { return *comm_; }
+  // Runs on each gradient the accumulator hooks take, before the group counts it (the unit
+  // queues its tree's end-of-backward callback there).
+  void set_on_grad_hook(std::function<void()> listener) { on_grad_hook_ = std::move(listener); }
   // A unit inside another: reshard_after_forward defaults to true (the root's to false).
   void set_nested() { nested_ = true; }
   // Activation checkpointing: each forward's gradients reach the accumulators in a backward of
   // their own (the recompute's), instead of autograd summing every use first.
-  void set_gradients_per_use(bool on) { gradients_per_use_ = on; }
+  void set_gradients_per_use(bool on) { backward_end_.set_gradients_per_use(on); }
 
   GroupSettings& settings() { return settings_; }
-  const GroupSettings& settings() const { return settings_; }
   TrainingState training_state() const { return training_; }
   ShardedState sharded_state() const { return sharded_; }
-  bool gather_in_flight() const { return gather_.work != nullptr; }
 
   // --- the lifecycle (FSDP2's FSDPParamGroup methods of the same names) ---
   // Waits for the gather (issuing it if no prefetch did) and, with grad mode on, hooks
@@ -94,13 +93,16 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // and, with `arm_hooks`, arms the gradient hooks, leaving the training state as it is (the
   // unit's place in this backward: a recompute must not let it run its post-backward twice).
   void pre_recompute(bool arm_hooks);
-  // Once per backward: with gradient sync, reduces the full gradients (one reduction, handed
-  // to the CommContext) and frees the parameters (unless reshard_after_backward is off);
-  // without, keeps them unsharded (set_requires_gradient_sync(false)). A no-op when the
-  // parameters were never gathered for backward and nothing is kept.
-  void post_backward();
-  // The end of the tree's backward: frees as set, drops the hooked accumulators and the
-  // per-backward counts; back to kIdle.
+  // --- the end of this unit's backward: three triggers, one decision (backward_end.h) ---
+  // (1) take_param_grad below. (2) The gradient reached one of the inputs routed through the
+  // post-backward function (each counted by input_wrapped). (3) The end of the tree's
+  // backward, first for every unit (tree order), before the reductions in flight finish.
+  // Whichever trigger ends the backward first runs post_backward, once per backward.
+  void input_wrapped() { backward_end_.input_wrapped(); }
+  void input_grad_arrived();
+  void tree_backward_ended();
+  // After every unit's tree_backward_ended: frees as set, drops the hooked accumulators and
+  // the per-backward counts; back to kIdle.
   void finalize_backward();
   // A failed step: drops full gradients not yet reduced, reshards, back to kIdle.
   void reset();
@@ -114,7 +116,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   // still in flight first).
   void reshard();
 
-  // The accumulator pre-hook of parameter `index`: takes autograd's full gradient (returns
+  // (1) The accumulator pre-hook of parameter `index`: takes autograd's full gradient (returns
   // false when gradients go to grad() as they are: one rank, no dtype change, no divide
   // factor); when every trainable parameter's gradient arrived and none is frozen, the unit's
   // backward is over and post_backward runs.
@@ -125,7 +127,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   const std::vector<FsdpParam>& params() const { return params_; }
   const ProcessGroupPtr& pg() const { return pg_; }
-  const ProcessGroupPtr& replicate() const { return replicate_; }
 
   // Profiler range names carrying the unit's name in the root (set by the root's lazy init).
   void set_unit_name(const std::string& name);
@@ -140,6 +141,12 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   };
 
   bool reshard_after_forward() const;
+  // Once per backward, when backward_end_ says it is over: with gradient sync, reduces the
+  // full gradients (one reduction, joining the CommContext's reductions in flight) and frees
+  // the parameters (unless reshard_after_backward is off); without, keeps them unsharded
+  // (set_requires_gradient_sync(false)). A no-op when the parameters were never gathered for
+  // backward and nothing is kept.
+  void post_backward();
   // One rank holding everything in its own dtype: no copy and no collective is needed (the
   // shard is the full parameter); gradients too unless a divide factor is set.
   bool grads_pass_through() const {
@@ -174,8 +181,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   std::shared_ptr<const UnitRangeNames> range_names_;
   GroupSettings settings_;
 
-  std::shared_ptr<Tree> tree_;
   std::shared_ptr<CommContext> comm_;
+  std::function<void()> on_grad_hook_;
 
   TrainingState training_ = TrainingState::kIdle;
   ShardedState sharded_ = ShardedState::kSharded;
@@ -187,13 +194,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   FlatLayout post_forward_layout_;
   at::Tensor post_forward_shard_;
 
-  // This backward: which trainable parameters' gradients arrived, of how many armed; and the
-  // forwards since the last backward (with gradients per use, every use's gradients must
-  // arrive before the backward of the unit is over).
-  std::vector<bool> grad_ready_;
-  size_t grads_seen_ = 0, grads_expected_ = 0;
-  int forwards_ = 0;
-  bool gradients_per_use_ = false;
+  // When this backward is over (every count of the three triggers).
+  BackwardEnd backward_end_;
   // The last reduction issued (finished before the next one starts, and before the reduce
   // layout may change), and reduced shards kept for a later all-reduce across replicas.
   std::shared_ptr<Reduction> reduction_;

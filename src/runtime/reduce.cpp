@@ -270,4 +270,33 @@ std::shared_ptr<Reduction> foreach_reduce(std::vector<FsdpParam>& params, const 
                                      std::move(deferred), std::move(comm), std::move(names));
 }
 
+void track_reduction(CommContext& comm, std::shared_ptr<Reduction> reduction) {
+  // One reduce-scatter may run while the next unit's backward computes; older ones are waited
+  // for. With hybrid sharding the previous unit's all-reduce across replicas may run as well
+  // (on the replicate group, beside this reduce-scatter on the shard group): the unit before
+  // the newest moves on to its all-reduce instead of finishing (returning its reduce-scatter's
+  // input to the pool), and older ones finish. So the gradient buffers of at most
+  // kReductionsInFlight units are alive at once, and with hybrid sharding a third unit's
+  // reduced shard.
+  auto& in_flight = comm.reductions_in_flight();
+  in_flight.push_back(std::move(reduction));
+  while (in_flight.size() > kReductionsInFlight - 1) {
+    Reduction& oldest = *in_flight.front();
+    if (in_flight.size() == kReductionsInFlight && oldest.reduce_scatter_pending() &&
+        oldest.hybrid()) {
+      oldest.start_all_reduce();
+      break;
+    }
+    oldest.finish();
+    in_flight.pop_front();
+  }
+}
+
+void finish_reductions(CommContext& comm) {
+  // Oldest first: the order every rank issued them in.
+  auto& in_flight = comm.reductions_in_flight();
+  for (auto& r : in_flight) r->finish();
+  in_flight.clear();
+}
+
 }  // namespace fsdp::detail

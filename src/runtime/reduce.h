@@ -2,7 +2,8 @@
 // gradients copied into one flat buffer, reduce-scattered over the shard group, with hybrid
 // sharding all-reduced across replicas, then added into the parameters' sharded gradients. One
 // function; its variants are the arguments (ReduceSpec); it returns what to wait on
-// (Reduction), which the tree's CommContext finishes by its schedule.
+// (Reduction), which joins the tree's reductions in flight (held by its CommContext) and is
+// finished by the schedule below (track_reduction, finish_reductions).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -101,5 +102,14 @@ std::shared_ptr<Reduction> foreach_reduce(std::vector<FsdpParam>& params, const 
                                           std::shared_ptr<DeferredReduce> deferred,
                                           std::shared_ptr<CommContext> comm,
                                           std::shared_ptr<const UnitRangeNames> names);
+
+// --- the reductions in flight (CommContext::reductions_in_flight) ---
+// A reduction just issued joins `comm`'s queue: older ones finish so that at most
+// kReductionsInFlight stay alive; with hybrid sharding the one before the newest moves on to
+// its all-reduce across replicas instead of finishing.
+void track_reduction(CommContext& comm, std::shared_ptr<Reduction> reduction);
+// Finishes every reduction in `comm`'s queue, oldest first, and empties it (the end of a
+// backward, a failed step).
+void finish_reductions(CommContext& comm);
 
 }  // namespace fsdp::detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fsdp/runtime/layout.h"
+#include "runtime/reduce.h"
 #include "runtime/unit_state.h"
 #include "util/check.h"
 #include "util/profiler_range.h"
@@ -41,7 +42,7 @@ void Tree::init(UnitState& root) {
   }
   units_ = tree;
   auto self = shared_from_this();
-  for (UnitState* s : tree) s->group().join(self);
+  for (UnitState* s : tree) s->join(self);
   // Names for messages and profiler ranges: each unit's module path in the root.
   // A unit of several modules is named by its members' paths joined with '+'.
   if (auto module = root.module()) {
@@ -120,8 +121,8 @@ void Tree::end_backward() {
   FSDP_RANGE("fsdp::end_of_backward");
   // Same order on every rank (tree order): units whose gradients were incomplete (unused or
   // frozen parameters) reduce what they have, then every reduction is waited for.
-  for (UnitState* s : units_) s->group().post_backward();
-  if (is_last_backward) comm_->finish_reductions();
+  for (UnitState* s : units_) s->group().tree_backward_ended();
+  if (is_last_backward) finish_reductions(*comm_);
   for (UnitState* s : units_) s->end_backward();
   phase_ = Phase::kIdle;
   outputs_.clear();
@@ -144,7 +145,7 @@ void Tree::reset() {
   FSDP_RANGE("fsdp::reset");
   // Reductions already issued land (every rank issued them); gradients not yet reduced are
   // this failed step's and go.
-  comm_->finish_reductions();
+  finish_reductions(*comm_);
   for (UnitState* s : units_) s->reset_step();
   phase_ = Phase::kIdle;
   forward_order_.clear();

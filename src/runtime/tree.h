@@ -4,7 +4,8 @@
 // methods; what the units share for communication is the tree's CommContext.
 //
 // Until the root's lazy init each unit has a tree of its own (a unit used alone, or one whose
-// root has not run yet); lazy init moves every unit of the root onto the root's tree.
+// root has not run yet); lazy init moves every unit of the root onto the root's tree. Each
+// unit (UnitState) holds its tree; its ParamGroup knows only the tree's CommContext.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -30,10 +31,7 @@ class Tree : public std::enable_shared_from_this<Tree> {
   bool initialised() const { return initialised_; }
   // Every unit, root first, parents before children (deterministic: the same on every rank).
   const std::vector<UnitState*>& units() const { return units_; }
-  CommContext& comm() { return *comm_; }
-  const CommContext& comm() const { return *comm_; }
   const std::shared_ptr<CommContext>& comm_ptr() const { return comm_; }
-  Phase phase() const { return phase_; }
 
   // --- forward ---
   // The root's pre-forward (not a recompute): resets a tree left dirty by a failed or dropped

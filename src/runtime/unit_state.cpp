@@ -26,11 +26,24 @@ UnitState::UnitState(const std::vector<std::shared_ptr<torch::nn::Module>>& modu
                      ProcessGroupPtr post_forward, const std::vector<int>& shard_dims)
     : modules_(modules.begin(), modules.end()),
       options_(std::move(options)),
+      tree_(std::make_shared<Tree>()),
       group_(std::make_shared<ParamGroup>(std::move(params), mesh, options_.mp_policy,
                                           std::move(post_forward), class_names(modules),
-                                          options_.offload_policy, shard_dims)) {
+                                          tree_->comm_ptr(), options_.offload_policy, shard_dims)) {
   group_->settings().reshard_after_forward = options_.reshard_after_forward;
   group_->set_gradients_per_use(options_.activation_checkpointing);
+  join(tree_);  // a tree of its own (a unit used alone, or before its root's lazy init)
+}
+
+void UnitState::join(std::shared_ptr<Tree> tree) {
+  tree_ = std::move(tree);
+  group_->use_comm(tree_->comm_ptr());
+  // Any gradient the group's hooks take starts this tree's backward (queues its callback).
+  // Weakly: the unit holds the tree, the group must not.
+  std::weak_ptr<Tree> weak = tree_;
+  group_->set_on_grad_hook([weak] {
+    if (auto t = weak.lock()) t->on_backward_hook();
+  });
 }
 
 void UnitState::adopt(const std::shared_ptr<UnitState>& child) {
@@ -72,7 +85,7 @@ std::string UnitState::describe() const {
 
 void UnitState::pre_forward() {
   FSDP_RANGE(group_->range_names().pre_forward);
-  Tree& tree = group_->tree();
+  Tree& tree = *tree_;
   // A later member of a unit of several modules: the unit's pre-forward ran with the first.
   if (modules_.size() > 1 && tree.recompute_depth() == 0) {
     if (group_open_) return;
@@ -121,7 +134,7 @@ at::Tensor UnitState::prepare_input(const at::Tensor& input) {
     x = x.to(*mp.param_dtype);
   }
   if (at::GradMode::is_enabled() && x.requires_grad() && tree().recompute_depth() == 0) {
-    ++inputs_wrapped_;
+    group_->input_wrapped();
     std::weak_ptr<UnitState> self = weak_from_this();
     x = attach_post_backward(x, [self] {
       if (auto s = self.lock()) s->on_input_grad();
@@ -147,7 +160,7 @@ bool UnitState::prepare_output(at::Tensor& output) {
 
 void UnitState::post_forward(bool hooked_outputs, const torch::nn::Module* member) {
   FSDP_RANGE(group_->range_names().post_forward);
-  Tree& tree = group_->tree();
+  Tree& tree = *tree_;
   // In a recompute the backward follows at once: keep the parameters, leave the order and the
   // training state alone.
   if (tree.recompute_depth() > 0) return;
@@ -177,7 +190,7 @@ void UnitState::close_group() {
 }
 
 void UnitState::complete_forward(bool hooked_outputs) {
-  Tree& tree = group_->tree();
+  Tree& tree = *tree_;
   const bool grad_mode = at::GradMode::is_enabled();
   if (is_root()) {
     // Units of several modules that some member skipped in this forward complete now.
@@ -199,7 +212,7 @@ void UnitState::complete_forward(bool hooked_outputs) {
 }
 
 void UnitState::forward_failed() {
-  Tree& tree = group_->tree();
+  Tree& tree = *tree_;
   if (tree.recompute_depth() > 0) return;  // the backward fails with it; reset follows
   close_group();
   group_->post_forward(AfterForward::kFree);
@@ -213,10 +226,10 @@ bool UnitState::checkpoints_forward() const {
 
 void UnitState::begin_recompute() {
   group_->pre_recompute(/*arm_hooks=*/true);
-  group_->tree().enter_recompute();
+  tree_->enter_recompute();
 }
 
-void UnitState::end_recompute() { group_->tree().leave_recompute(); }
+void UnitState::end_recompute() { tree_->leave_recompute(); }
 
 void UnitState::check_checkpointed_units_ran(const Tree& tree) {
   for (const UnitState* u : tree.units()) {
@@ -235,7 +248,7 @@ void UnitState::check_checkpointed_units_ran(const Tree& tree) {
 // --- backward ---------------------------------------------------------------------------------
 
 void UnitState::pre_backward() {
-  Tree& tree = group_->tree();
+  Tree& tree = *tree_;
   tree.on_backward_hook();
   // Once per backward (the group knows): several outputs each run this hook.
   if (group_->training_state() == TrainingState::kPreBackward ||
@@ -257,21 +270,16 @@ void UnitState::pre_backward() {
   }
 }
 
-void UnitState::on_input_grad() {
-  // Gradients reached this unit's inputs: its backward is over.
-  if (++inputs_grad_seen_ == inputs_wrapped_) group_->post_backward();
-}
+void UnitState::on_input_grad() { group_->input_grad_arrived(); }
 
 void UnitState::end_backward() {
   close_group();
   group_->finalize_backward();
-  inputs_wrapped_ = inputs_grad_seen_ = 0;
 }
 
 void UnitState::reset_step() {
   close_group();
   group_->reset();
-  inputs_wrapped_ = inputs_grad_seen_ = 0;
   post_forward_index_ = -1;
 }
 

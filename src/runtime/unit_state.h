@@ -41,16 +41,15 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<std::shared_ptr<torch::nn::Module>> modules() const;
   // Whether `m` is one of the unit's modules.
   bool has_module(const torch::nn::Module* m) const;
-  size_t module_count() const { return modules_.size(); }
   bool is_root() const { return !has_parent_; }
   ParamGroup& group() { return *group_; }
-  const ParamGroup& group() const { return *group_; }
   const std::vector<std::shared_ptr<UnitState>>& children() const { return children_; }
   void adopt(const std::shared_ptr<UnitState>& child);
-  Tree& tree() { return group_->tree(); }
-  const Tree& tree() const { return group_->tree(); }
+  // The unit's tree: its own until the root's lazy init joins it to the root's (join).
+  Tree& tree() { return *tree_; }
+  // The root's lazy init: the unit, and its group's communication, join the root's tree.
+  void join(std::shared_ptr<Tree> tree);
   PrefetchSettings& prefetch_settings() { return prefetch_; }
-  const FullyShardOptions& options() const { return options_; }
   void set_name(const std::string& name);
   // "unit 'layers.3' (TransformerBlockImpl)": the module's name in the root, known after the
   // root's first forward, and its class.
@@ -78,9 +77,10 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // --- backward (autograd hooks) ---
   void pre_backward();
   void on_input_grad();
-  // End of backward (Tree): the group finalises; the inputs' counts are reset.
+  // End of backward (Tree): a unit of several modules closes; the group finalises (its
+  // per-backward counts, the inputs' among them, start again).
   void end_backward();
-  // A failed step (Tree::reset): the group resets; the inputs' counts and the order position go.
+  // A failed step (Tree::reset): the group resets (its counts go); the order position goes.
   void reset_step();
 
   // --- FSDPModule ---
@@ -103,16 +103,13 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // The unit's post-forward proper (after its last member, or alone).
   void complete_forward(bool hooked_outputs);
   FullyShardOptions options_;
+  std::shared_ptr<Tree> tree_;  // before group_: the group is made with the tree's CommContext
   std::shared_ptr<ParamGroup> group_;
   std::string name_;  // qualified name in the root's tree, set by the root's lazy init
   bool has_parent_ = false;
   std::vector<std::shared_ptr<UnitState>> children_;
   PrefetchSettings prefetch_;
   int post_forward_index_ = -1;
-  // Inputs wrapped by the post-backward function since the last backward, and how many of
-  // them got their gradient: several forwards may feed one backward, so only the end of
-  // backward (or a reset) clears them.
-  int inputs_wrapped_ = 0, inputs_grad_seen_ = 0;
 };
 
 }  // namespace fsdp::detail

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The house's floors: the folder-level include graph of src/ and include/fsdp/ has no edge
-running back up; and no two sources of the library and its programs share a file name (so that
-a stack trace or a build log names one file).
+running back up; inside src/runtime/, the files form floors too (RUNTIME_FILES) and no include of
+a private runtime header runs back up; and no two sources of the library and its programs share
+a file name (so that a stack trace or a build log names one file).
 
 A folder is a layer: src/X and include/fsdp/X are the same layer X. Each layer may include only
 the layers listed under it in LAYERS (and itself); every edge found is checked, and for the
@@ -48,6 +49,56 @@ FORWARDERS = {
     "include/fsdp/models/chat_template.h": "fsdp/text/chat_template.h",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+# The files of src/runtime/ (X.h and X.cpp are the file X), bottom first: a file may include the
+# private headers ("runtime/Y.h") of the files before it only. The order is the runtime's
+# one-way inside (docs/design.md, "Who owns what in the runtime"): the pieces that move bytes,
+# the CommContext that holds what a tree shares (its reductions in flight driven by reduce),
+# the lifecycle of one unit (param_group, deciding its end of backward with backward_end),
+# the tree of units, a unit's wiring, and the entry points. A new file must be placed here.
+RUNTIME_FILES = [
+    "layout", "lifecycle", "finish_after", "post_backward_function",  # no private headers
+    "buffer_pool", "collectives", "quantized_all_gather", "fsdp_param", "all_gather",
+    "comm_context", "reduce",
+    "backward_end", "param_group",
+    "tree",
+    "unit_state",
+    "activation_checkpoint", "forward", "shard_view", "fully_shard",
+]
+# Includes that run back up, each named with why it stays: (file, included header).
+RUNTIME_EXCEPTIONS = {
+    # The tree walks its units: the root's lazy init (children, names, world sizes), the end of
+    # backward and the reset call each unit. FSDP2's FSDPStateContext holds its FSDPStates the
+    # same way; going one-way needs an interface the units implement (issue 41, item 4).
+    ("src/runtime/tree.cpp", "runtime/unit_state.h"),
+}
+
+
+def runtime_order_problems(repo):
+    """Each include of a private runtime header inside src/runtime/ that runs back up."""
+    rank = {name: i for i, name in enumerate(RUNTIME_FILES)}
+    problems, base = [], os.path.join(repo, "src", "runtime")
+    for f in sorted(os.listdir(base)):
+        if not f.endswith((".h", ".cpp")):
+            continue
+        rel, stem = f"src/runtime/{f}", os.path.splitext(f)[0]
+        if stem not in rank:
+            problems.append(f"{rel}: not placed in RUNTIME_FILES of {__file__}")
+            continue
+        for line in open(os.path.join(base, f), errors="replace"):
+            m = INCLUDE.match(line)
+            if not m or not m.group(1).startswith("runtime/"):
+                continue
+            inc = m.group(1)
+            dep = os.path.splitext(inc[len("runtime/"):])[0]
+            if dep == stem or (rel, inc) in RUNTIME_EXCEPTIONS:
+                continue
+            if dep not in rank:
+                problems.append(f"{rel}: #include \"{inc}\": not placed in RUNTIME_FILES")
+            elif rank[dep] > rank[stem]:
+                problems.append(f"{rel}: #include \"{inc}\": runtime file {stem} may not include "
+                                f"{dep}, which lies above it in RUNTIME_FILES")
+    return problems
 
 
 def layer_of(rel):
@@ -99,6 +150,7 @@ def main():
                           (PUBLIC_ONLY[a] is None or b in PUBLIC_ONLY[a])):
                         problems.append(f"{rel}: #include \"{inc}\": {a} sees {b} through its "
                                         "public headers only (include/fsdp/)")
+    problems += runtime_order_problems(repo)
     names = {}
     for base in ("src", "examples"):
         for d, _, files in os.walk(os.path.join(repo, base)):
@@ -113,7 +165,9 @@ def main():
     for p in problems:
         print("FAILED:", p)
     if not problems:
-        print(f"include_graph_layers: {len(edges)} folder edges, none running back up")
+        print(f"include_graph_layers: {len(edges)} folder edges, none running back up; "
+              f"{len(RUNTIME_FILES)} runtime files in order, named exceptions: "
+              f"{len(RUNTIME_EXCEPTIONS)}")
     return 1 if problems else 0
 
 
