@@ -70,6 +70,42 @@ std::string check(const Options& o) {
   return "";
 }
 
+// The sizes a preset fills where the flag is not given.
+struct Sizes {
+  std::optional<int64_t> vocab, dim, layers, heads, seq, batch;
+  std::optional<int> steps;
+};
+
+// train_minillm's own flags: the model's preset and sizes, the data, the weights in and out.
+void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
+  app.add_option("--preset", o.preset, "Sizes to start from")
+      ->check(CLI::IsMember({"cpu-small", "reference"}))
+      ->capture_default_str();
+  app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)");
+  app.add_option("--dim", sizes.dim, "Model width");
+  app.add_option("--layers", sizes.layers, "Transformer blocks");
+  app.add_option("--heads", sizes.heads, "Attention heads (must divide --dim)");
+  app.add_option("--seq", sizes.seq, "Tokens per sequence");
+  app.add_option("--batch", sizes.batch,
+                 "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
+                 "cpu-small, 8 per rank for reference)");
+  app.add_option("--steps", sizes.steps, "Training steps");
+  app.add_option("--data", o.data,
+                 fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
+                             kDefaultTextPath))
+      ->capture_default_str();
+  app.add_option("--export", o.export_path,
+                 "After training, write the whole model to this safetensors file (PyTorch's "
+                 "names)");
+  trainer::add_choice(app, "--export-dtype", o.export_dtype, "fp32 or bf16");
+  app.add_option("--init-from", o.init_from,
+                 "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
+                 "e.g. written by bench/reference/py_minillm.py --save-init)");
+  app.add_flag("--float8", o.model.float8,
+               "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
+               "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");
+}
+
 }  // namespace
 
 ParseResult parse_options(int argc, char** argv, int world_size) {
@@ -78,36 +114,8 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
       "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
       "scripts/launch.sh --nproc N."};
   Options o;
-  std::optional<int64_t> vocab, dim, layers, heads, seq, batch;
-  std::optional<int> steps;
-  app.add_option("--preset", o.preset, "Sizes to start from")
-      ->check(CLI::IsMember({"cpu-small", "reference"}))
-      ->capture_default_str();
-  app.add_option("--vocab", vocab, "Vocabulary size (>= 256 for text)");
-  app.add_option("--dim", dim, "Model width");
-  app.add_option("--layers", layers, "Transformer blocks");
-  app.add_option("--heads", heads, "Attention heads (must divide --dim)");
-  app.add_option("--seq", seq, "Tokens per sequence");
-  app.add_option("--batch", batch,
-                 "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
-                 "cpu-small, 8 per rank for reference)");
-  app.add_option("--steps", steps, "Training steps");
-  app.add_option("--data", o.data,
-                 fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
-                             kDefaultTextPath))
-      ->capture_default_str();
-  app.add_option("--export", o.export_path,
-                 "After training, write the whole model to this safetensors file (PyTorch's "
-                 "names)");
-  app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  app.add_option("--init-from", o.init_from,
-                 "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
-                 "e.g. written by bench/reference/py_minillm.py --save-init)");
-  app.add_flag("--float8", o.model.float8,
-               "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
-               "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");
+  Sizes sizes;
+  add_minillm_flags(app, o, sizes);
   // The loop's flags. MiniLLM keeps the PyTorch FSDP2 example's optimizer: AdamW(lr 3e-4),
   // betas (0.9, 0.999), weight decay 0.01, a constant learning rate.
   std::string profile_steps;
@@ -129,28 +137,28 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
       {"init-from", "checkpoint"},
   };
   if (auto stop = trainer::parse_flags(app, argc, argv, sections)) {
-    return {std::nullopt, stop->exit_code, stop->message};
+    return {std::nullopt, stop->exit_code, stop->message, ""};
   }
   const Preset& p = presets().at(o.preset);
-  o.model.vocab = vocab.value_or(p.model.vocab);
-  o.model.dim = dim.value_or(p.model.dim);
-  o.model.layers = layers.value_or(p.model.layers);
-  o.model.heads = heads.value_or(p.model.heads);
+  o.model.vocab = sizes.vocab.value_or(p.model.vocab);
+  o.model.dim = sizes.dim.value_or(p.model.dim);
+  o.model.layers = sizes.layers.value_or(p.model.layers);
+  o.model.heads = sizes.heads.value_or(p.model.heads);
   auto& t = o.train;
-  t.seq = seq.value_or(p.seq);
+  t.seq = sizes.seq.value_or(p.seq);
   if (t.plan && t.plan_world < 0) {
     return {std::nullopt, 2,
-            fmt::format("error: --plan-world must be positive, got {}", t.plan_world)};
+            fmt::format("error: --plan-world must be positive, got {}", t.plan_world), ""};
   }
   // --plan describes another world than the one launched (usually one process).
   if (t.plan && t.plan_world > 0) world_size = t.plan_world;
   t.plan_world = world_size;
-  t.batch = batch.value_or(p.batch_per_rank * world_size);
-  t.steps = steps.value_or(p.steps);
+  t.batch = sizes.batch.value_or(p.batch_per_rank * world_size);
+  t.steps = sizes.steps.value_or(p.steps);
   for (const auto& err : {trainer::finish_train_options(t, profile_steps, world_size), check(o)}) {
-    if (!err.empty()) return {std::nullopt, 2, "error: " + err};
+    if (!err.empty()) return {std::nullopt, 2, "error: " + err, ""};
   }
-  return {o, 0, ""};
+  return {o, 0, "", ""};
 }
 
 }  // namespace minillm

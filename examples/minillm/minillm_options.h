@@ -18,7 +18,7 @@ struct Options {
   std::string data = "auto";  // auto | synthetic | PATH
   std::string init_from;      // safetensors file with the initial weights (PyTorch's names)
   std::string export_path;    // safetensors file of the trained model
-  std::string export_dtype = "fp32";
+  trainer::Dtype export_dtype = trainer::Dtype::fp32;
 };
 
 // What parse_options decided: run with `options`, or exit with `exit_code` after printing
@@ -27,6 +27,7 @@ struct ParseResult {
   std::optional<Options> options;
   int exit_code = 0;
   std::string message;
+  std::string notice;  // deprecation lines (none today)
 };
 
 // Parses argv. Presets fill every size flag the user did not give. `world_size` (from the

@@ -11,6 +11,7 @@
 #include "loop.h"
 #include "minillm_options.h"
 #include "move_unsharded.h"
+#include "shard_options.h"
 #include "text_data.h"
 #include "trainer_plan.h"
 
@@ -31,16 +32,6 @@ std::unique_ptr<minillm::Dataset> open_data(const Options& o) {
   return minillm::make_text_dataset(o.data, t.seq, t.seed);
 }
 
-fsdp::FullyShardOptions root_options(const Options& o) {
-  fsdp::FullyShardOptions opts;
-  if (o.train.dtype == "bf16") {
-    opts.mp_policy.param_dtype = torch::kBFloat16;
-    opts.mp_policy.reduce_dtype = torch::kFloat;
-  }
-  if (o.train.offload == "all") opts.offload_policy = fsdp::CPUOffloadPolicy{};
-  return opts;
-}
-
 // Builds the model with the values a single process gets from --seed and shards it: every
 // block a unit, then the root. By default each block is sharded as soon as it is built, so a
 // rank never holds more than its shards, one full block and the root's own parameters
@@ -48,9 +39,7 @@ fsdp::FullyShardOptions root_options(const Options& o) {
 // the values are the same. --init-from then replaces them, each rank reading its own rows.
 fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist,
                                             const fsdp::DeviceMesh& mesh) {
-  auto block_options = root_options(o);
-  block_options.reshard_after_forward = o.train.reshard_after_forward;
-  block_options.activation_checkpointing = o.train.activation_checkpointing;
+  const auto block_options = trainer::shard_options(o.train, /*block=*/true);
   auto shard_block = [&](int64_t, fsdp::Unit<mm::TransformerBlock>& block) {
     block->to(dist.device);
     fsdp::fully_shard(block, mesh, block_options);
@@ -65,7 +54,7 @@ fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distri
   }
   // The root's own parameters (not the blocks' shards: host memory under --offload all).
   trainer::move_unsharded(*model, dist.device);
-  auto root = fsdp::fully_shard(model, mesh, root_options(o));
+  auto root = fsdp::fully_shard(model, mesh, trainer::shard_options(o.train, /*block=*/false));
   if (!o.init_from.empty()) fsdp::load_safetensors_sharded(o.init_from, *model, dist.group);
   return root;
 }
@@ -91,10 +80,7 @@ trainer::PlanModel plan_model(const Options& o) {
 }
 
 int run(const Options& o, const fsdp::LaunchInfo& launch) {
-  torch::set_num_threads(trainer::threads_for(o.train.threads));
-  fsdp::InitOptions init;
-  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.train.comm_timeout_s * 1000));
-  auto dist = fsdp::init_from_launch(launch, init);
+  auto dist = trainer::start_job(o.train, launch);
   const auto mesh = fsdp::make_device_mesh(dist.group, o.train.replicas);
   auto root = build_sharded_model(o, dist, mesh);
   auto data = open_data(o);
@@ -120,7 +106,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   task.finish = [&] {
     if (o.export_path.empty()) return;
     fsdp::ExportOptions options;
-    if (o.export_dtype == "bf16") options.dtype = torch::kBFloat16;
+    if (o.export_dtype == trainer::Dtype::bf16) options.dtype = torch::kBFloat16;
     fsdp::export_safetensors(o.export_path, *root.module(), dist.group, options);
     if (dist.group->rank() == 0) fmt::print("exported {}\n", o.export_path);
   };

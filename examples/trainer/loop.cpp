@@ -196,19 +196,78 @@ double grad_norm_of(const TrainOptions& o, Task& task) {
   // verdict that differed between TP ranks would desynchronise them).
   if (task.tp.active()) {
     if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm, task.tp);
-    if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root, task.tp);
+    if (o.nonfinite != Nonfinite::off) return fsdp::total_grad_norm(task.root, task.tp);
     return 0;
   }
   if (o.clip_grad_norm > 0) return fsdp::clip_grad_norm_(task.root, o.clip_grad_norm);
-  if (o.nonfinite != "off") return fsdp::total_grad_norm(task.root);
+  if (o.nonfinite != Nonfinite::off) return fsdp::total_grad_norm(task.root);
   return 0;
 }
+
+// The bytes of the trainable parameters (a parameter shared by two modules once): LoRA's
+// frozen base weights have neither gradients nor optimizer state.
+int64_t trainable_bytes(const torch::nn::Module& module) {
+  int64_t bytes = 0;
+  std::unordered_set<const void*> counted;
+  for (const auto& p : module.parameters()) {
+    if (p.requires_grad() && counted.insert(p.unsafeGetTensorImpl()).second) {
+      bytes += static_cast<int64_t>(p.nbytes());
+    }
+  }
+  return bytes;
+}
+
+// The optimizer step, unless --nonfinite finds the loss or the gradient norm not finite: then
+// it stops (throws) or skips the step, counted in `skipped`. The same verdict on every rank:
+// the norm and the loss sum are global.
+void step_unless_nonfinite(const TrainOptions& o, torch::optim::Optimizer& opt,
+                           const torch::Tensor& loss_sum, double grad_norm,
+                           const fsdp::Distributed& dist, int step, int& skipped) {
+  if (o.nonfinite != Nonfinite::off && !finite_step(loss_sum, grad_norm, dist)) {
+    if (o.nonfinite == Nonfinite::stop) {
+      throw fsdp::Error(fmt::format(
+          "step {}: the loss or the gradient norm is not finite (gradient norm {}); stopped "
+          "before the optimizer step (--nonfinite skip skips such steps instead)",
+          step, grad_norm));
+    }
+    ++skipped;
+    if (dist.group->rank() == 0) {
+      fmt::print(
+          "step {}: the loss or the gradient norm is not finite (gradient norm {}); "
+          "optimizer step skipped ({} so far)\n",
+          step, grad_norm, skipped);
+    }
+    return;
+  }
+  // Named so that a trace (and scripts/roofline.py) can tell the optimizer's ops apart.
+  RECORD_USER_SCOPE("optimizer_step");
+  opt.step();
+}
+
+// --profile-steps A:B: the profiler from step A's start to step B's end, and the communication
+// figures of those steps.
+struct ProfileWindow {
+  double comm_before = 0;
+  std::vector<std::pair<std::string, fsdp::CollectiveStats>> stats_before;
+
+  void before_step(int step, const TrainOptions& o, Task& task, const fsdp::DeviceMesh& mesh) {
+    if (step != o.profile_first) return;
+    comm_before = task.root.comm_stats().exposed_seconds;
+    stats_before = group_stats(mesh);
+    fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
+  }
+  void after_step(int step, const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
+                  const fsdp::DeviceMesh& mesh) {
+    if (step != o.profile_last) return;
+    report_profile(o, dist, mesh, task.root.comm_stats().exposed_seconds - comm_before,
+                   stats_before);
+  }
+};
 
 }  // namespace
 
 int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
                  const fsdp::DeviceMesh& mesh) {
-  const int rank = dist.group->rank();
   // Each data-parallel rank its part of the batch; the TP ranks of one share it.
   const DataShare share{mesh.dp_index(), mesh.dp_size()};
   const int64_t local_batch = o.batch / share.count;
@@ -219,15 +278,8 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
                                     /*recurse=*/true);
   }
   Reporter report(o, dist, task.info);
-  int64_t trainable_bytes = 0;
-  std::unordered_set<const void*> counted;
-  for (const auto& p : task.module->parameters()) {
-    if (p.requires_grad() && counted.insert(p.unsafeGetTensorImpl()).second) {
-      trainable_bytes += static_cast<int64_t>(p.nbytes());
-    }
-  }
-  report.header(task.root.memory_stats().sharded_param_bytes, trainable_bytes, startup_peak,
-                task.train ? task.train->describe() : "none");
+  report.header(task.root.memory_stats().sharded_param_bytes, trainable_bytes(*task.module),
+                startup_peak, task.train ? task.train->describe() : "none");
   auto validate = [&](int steps_done) {
     if (!task.validation) return;
     // Evaluation mode (dropout off, as transformers' model.eval()), training mode after.
@@ -243,48 +295,21 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
     validate(start);
     return 0;
   }
-  double profile_comm_before = 0;
+  ProfileWindow profile;
   int skipped = 0;  // steps skipped by --nonfinite skip
-  std::vector<std::pair<std::string, fsdp::CollectiveStats>> profile_stats_before;
   for (int step = start; step < o.steps; ++step) {
     auto batch = task.train->slice(step, share.index * local_batch, local_batch);
-    if (step == o.profile_first) {
-      profile_comm_before = task.root.comm_stats().exposed_seconds;
-      profile_stats_before = group_stats(mesh);
-      fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
-    }
+    profile.before_step(step, o, task, mesh);
     const double lr = lr_at(o, step);
     set_lr(*opt, lr);
     report.start_step(task.root.comm_stats());
     opt->zero_grad();
     auto loss_sum = forward_backward(o, task, batch, dist.device);
     const double grad_norm = grad_norm_of(o, task);
-    if (o.nonfinite != "off" && !finite_step(loss_sum, grad_norm, dist)) {
-      // The same verdict on every rank: the norm and the loss sum are global.
-      if (o.nonfinite == "stop") {
-        throw fsdp::Error(fmt::format(
-            "step {}: the loss or the gradient norm is not finite (gradient norm {}); stopped "
-            "before the optimizer step (--nonfinite skip skips such steps instead)",
-            step, grad_norm));
-      }
-      ++skipped;
-      if (rank == 0) {
-        fmt::print(
-            "step {}: the loss or the gradient norm is not finite (gradient norm {}); "
-            "optimizer step skipped ({} so far)\n",
-            step, grad_norm, skipped);
-      }
-    } else {
-      // Named so that a trace (and scripts/roofline.py) can tell the optimizer's ops apart.
-      RECORD_USER_SCOPE("optimizer_step");
-      opt->step();
-    }
+    step_unless_nonfinite(o, *opt, loss_sum, grad_norm, dist, step, skipped);
     report.end_step(step, loss_sum, grad_norm, lr, task.root.comm_stats(),
                     task.root.memory_stats());
-    if (step == o.profile_last) {
-      report_profile(o, dist, mesh, task.root.comm_stats().exposed_seconds - profile_comm_before,
-                     profile_stats_before);
-    }
+    profile.after_step(step, o, task, dist, mesh);
     const int done = step + 1;
     const bool last = done == o.steps;
     if (!o.save_dir.empty() && ((o.save_every > 0 && done % o.save_every == 0) || last)) {
@@ -294,7 +319,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   }
   if (task.finish) task.finish();
   report.summary();
-  if (skipped > 0 && rank == 0) {
+  if (skipped > 0 && dist.group->rank() == 0) {
     fmt::print("skipped {} of {} optimizer steps: the loss or the gradients were not finite\n",
                skipped, o.steps - start);
   }
@@ -320,6 +345,7 @@ int trainer_main(int argc, char** argv,
     if (launch.rank == 0) (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
   }
+  if (launch.rank == 0 && !parsed.notice.empty()) std::cerr << parsed.notice << std::flush;
   // The planner needs no communication: one process describes any world.
   if (parsed.plan) return launch.rank == 0 ? plan() : 0;
   if (parsed.track_host_memory) fsdp::track_host_tensor_memory();
@@ -343,6 +369,13 @@ int threads_for(int threads) {
   if (!local) local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+}
+
+fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch) {
+  torch::set_num_threads(threads_for(o.threads));
+  fsdp::InitOptions init;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.comm_timeout_s * 1000));
+  return fsdp::init_from_launch(launch, init);
 }
 
 }  // namespace trainer

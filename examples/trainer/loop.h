@@ -63,6 +63,7 @@ struct Parsed {
   std::string message;
   bool plan = false;
   bool track_host_memory = false;
+  std::string notice;  // deprecation lines: rank 0 prints them on stderr before it goes on
 };
 int trainer_main(int argc, char** argv,
                  const std::function<Parsed(int argc, char** argv, int world)>& parse,
@@ -76,7 +77,11 @@ template <class Options, class Parse>
 std::function<Parsed(int, char**, int)> parse_into(Options& options, Parse parse) {
   return [&options, parse](int argc, char** argv, int world) {
     auto parsed = parse(argc, argv, world);
-    Parsed out{parsed.options.has_value(), parsed.exit_code, parsed.message};
+    Parsed out;
+    out.run = parsed.options.has_value();
+    out.exit_code = parsed.exit_code;
+    out.message = parsed.message;
+    out.notice = parsed.notice;
     if (parsed.options) {
       options = *parsed.options;
       out.plan = options.train.plan;
@@ -89,5 +94,9 @@ std::function<Parsed(int, char**, int)> parse_into(Options& options, Parse parse
 // Intra-op threads per rank: --threads, else OMP_NUM_THREADS when set (as PyTorch reads it),
 // else the cores over the ranks on this machine.
 int threads_for(int threads);
+
+// The job's start, as --threads and --comm-timeout say: the intra-op threads, then the process
+// group of the launch (its rendezvous and collectives bounded by the timeout).
+fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch);
 
 }  // namespace trainer

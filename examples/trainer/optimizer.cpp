@@ -30,10 +30,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
   if (!no_decay.empty()) {
     groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
   }
-  if (o.optimizer == "fused-adamw") {
+  if (o.optimizer == OptimizerKind::fused_adamw) {
     auto fused = std::make_unique<fsdp::FusedAdamW>(groups, options(o.weight_decay));
     // --offload all: the shards are host tensors already, and their state with them.
-    if (o.offload == "optimizer") fused->set_state_offload(true);
+    if (o.offload == Offload::optimizer) fused->set_state_offload(true);
     return fused;
   }
   return std::make_unique<torch::optim::AdamW>(groups, options(o.weight_decay));
@@ -41,7 +41,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainOptions& o,
 
 double lr_at(const TrainOptions& o, int step) {
   if (step < o.warmup) return o.lr * (step + 1) / o.warmup;
-  if (o.lr_schedule == "constant") return o.lr;
+  if (o.lr_schedule == LrSchedule::constant) return o.lr;
   const double progress = static_cast<double>(step - o.warmup) / std::max(1, o.steps - o.warmup);
   return o.lr_min + 0.5 * (o.lr - o.lr_min) * (1 + std::cos(M_PI * progress));
 }

@@ -57,7 +57,8 @@ void Reporter::header(int64_t shard_bytes, int64_t trainable_shard_bytes,
   }
   fmt::print("{} | world {}{} | backend {}{} | device {} | dtype {}{}{}\n", model_.name, world,
              layout, backend, backend == "nccl" ? " " + fsdp::nccl_version() : "",
-             dist_.device.str(), o_.dtype, o_.offload != "none" ? " | offload " + o_.offload : "",
+             dist_.device.str(), name(o_.dtype),
+             o_.offload != Offload::none ? " | offload " + name(o_.offload) : "",
              o_.quantize_all_gather > 0
                  ? fmt::format(" | int8 all-gather, blocks of {}", o_.quantize_all_gather)
                  : "");

@@ -7,20 +7,49 @@
 
 namespace trainer {
 
-void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
-                     std::string& profile_steps) {
-  o.lr = defaults.lr;
-  o.beta2 = defaults.beta2;
-  o.weight_decay = defaults.weight_decay;
-  o.lr_schedule = defaults.lr_schedule;
+namespace {
+
+void add_memory_flags(CLI::App& app, TrainOptions& o) {
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "Keep only each block's input after forward and recompute its activations in "
+               "backward (less memory, about one more forward of compute)");
+  app.add_flag("--init-full-model", o.init_full_model,
+               "Build the whole model on every rank, then shard it (the default shards each "
+               "block as it is built: same values, a fraction of the memory)");
+  app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
+               "Keep blocks' full parameters from forward to backward (more memory, fewer "
+               "all-gathers)");
+  add_choice(app, "--offload", o.offload,
+             "Host memory for what a step does not compute with: none; optimizer (AdamW's "
+             "moments on the host and its step on the CPU: 8 bytes per parameter off the "
+             "device; needs --optimizer fused-adamw); all (FSDP2's CPU offload: the sharded "
+             "parameters, gradients and optimizer state on the host, each all-gather copies "
+             "the shards in first)");
+  app.add_option("--quantize-all-gather", o.quantize_all_gather,
+                 "Quantized weight all-gather (ZeRO++'s qwZ): every unit gathers its parameters "
+                 "as int8 in blocks of this many elements, one float32 scale each, and computes "
+                 "with the dequantized weights (about 1/4 of fp32's bytes, 1/2 of bf16's); the "
+                 "shards, gradients and optimizer keep full precision. 0: off")
+      ->capture_default_str();
+  app.add_option("--replicas", o.replicas,
+                 "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
+                 "replicas consecutive ranks; gradients are all-reduced across replicas")
+      ->capture_default_str();
+  app.add_flag("--fused-loss", o.fused_loss,
+               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
+               "logits never exist; the same loss and gradients)");
+  app.add_option("--loss-chunk", o.loss_chunk,
+                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
+      ->capture_default_str();
+}
+
+void add_optimizer_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
   app.add_option("--warmup", o.warmup,
                  "Steps of linear warmup: step s < W trains at lr * (s + 1) / W")
       ->capture_default_str();
-  app.add_option("--lr-schedule", o.lr_schedule,
-                 "After warmup: constant, or cosine from --lr down to --lr-min at the last step")
-      ->check(CLI::IsMember({"constant", "cosine"}))
-      ->capture_default_str();
+  add_choice(app, "--lr-schedule", o.lr_schedule,
+             "After warmup: constant, or cosine from --lr down to --lr-min at the last step");
   app.add_option("--lr-min", o.lr_min, "The cosine schedule's last learning rate")
       ->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay,
@@ -29,15 +58,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
       ->capture_default_str();
   app.add_option("--beta1", o.beta1, "AdamW's beta1")->capture_default_str();
   app.add_option("--beta2", o.beta2, "AdamW's beta2")->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer,
-                 "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
-                 "libtorch's torch::optim::AdamW (nine ops per parameter)")
-      ->check(CLI::IsMember({"fused-adamw", "adamw"}))
-      ->capture_default_str();
+  add_choice(app, "--optimizer", o.optimizer,
+             "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
+             "libtorch's torch::optim::AdamW (nine ops per parameter)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
                  "optimizer step; 0: no clipping")
@@ -49,15 +72,13 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
   app.add_flag("--grad-accum-sync", o.grad_accum_sync,
                "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
                "no full gradients kept; more communication)");
-  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
-               "Keep only each block's input after forward and recompute its activations in "
-               "backward (less memory, about one more forward of compute)");
-  app.add_flag("--init-full-model", o.init_full_model,
-               "Build the whole model on every rank, then shard it (the default shards each "
-               "block as it is built: same values, a fraction of the memory)");
-  app.add_flag("!--no-reshard-after-forward", o.reshard_after_forward,
-               "Keep blocks' full parameters from forward to backward (more memory, fewer "
-               "all-gathers)");
+  add_choice(app, "--nonfinite", o.nonfinite,
+             "A step whose loss or global gradient norm is NaN or infinite (on any rank): stop "
+             "with an error naming it, skip its optimizer step (counted), or off (no check; "
+             "saves one all-reduce per step)");
+}
+
+void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--save-dir", o.save_dir,
                  "Write sharded checkpoints (parameters and optimizer state) to this directory");
   app.add_option("--save-every", o.save_every,
@@ -68,6 +89,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
   app.add_flag("--resume", o.resume,
                "Continue from the latest complete checkpoint in --save-dir, saved at any world "
                "size (none there: start from step 0)");
+  app.add_option("--metrics-out", o.metrics_out,
+                 "Write one JSON object per step (and per validation) to this file");
+}
+
+void add_validation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--eval-every", o.eval_every,
                  "Validation loss every N steps and after the last (0: after the last only, when "
                  "there is validation data)")
@@ -76,32 +102,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
                "Print the validation loss of the weights given and exit, without training");
   app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward")
       ->capture_default_str();
-  app.add_option("--nonfinite", o.nonfinite,
-                 "A step whose loss or global gradient norm is NaN or infinite (on any rank): "
-                 "stop with an error naming it, skip its optimizer step (counted), or off (no "
-                 "check; saves one all-reduce per step)")
-      ->check(CLI::IsMember({"stop", "skip", "off"}))
-      ->capture_default_str();
-  app.add_option("--offload", o.offload,
-                 "Host memory for what a step does not compute with: none; optimizer (AdamW's "
-                 "moments on the host and its step on the CPU: 8 bytes per parameter off the "
-                 "device; needs --optimizer fused-adamw); all (FSDP2's CPU offload: the sharded "
-                 "parameters, gradients and optimizer state on the host, each all-gather copies "
-                 "the shards in first)")
-      ->check(CLI::IsMember({"none", "optimizer", "all"}))
-      ->capture_default_str();
-  app.add_option("--quantize-all-gather", o.quantize_all_gather,
-                 "Quantized weight all-gather (ZeRO++'s qwZ): every unit gathers its parameters "
-                 "as int8 in blocks of this many elements, one float32 scale each, and computes "
-                 "with the dequantized weights (about 1/4 of fp32's bytes, 1/2 of bf16's); the "
-                 "shards, gradients and optimizer keep full precision. 0: off")
-      ->capture_default_str();
-  app.add_flag("--fused-loss", o.fused_loss,
-               "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
-               "logits never exist; the same loss and gradients)");
-  app.add_option("--loss-chunk", o.loss_chunk,
-                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
-      ->capture_default_str();
+}
+
+void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_steps) {
   app.add_option("--profile-steps", profile_steps,
                  "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
                  "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
@@ -111,25 +114,31 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
   app.add_flag("!--no-profile-shapes", o.profile_shapes,
                "Leave operator shapes and FLOPs out of the trace (less profiling overhead; "
                "scripts/roofline.py needs them)");
+  app.add_flag("--track-host-memory", o.track_host_memory,
+               "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
+}
+
+}  // namespace
+
+void add_job_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
+  add_choice(app, "--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)");
+  app.add_option("--threads", o.threads,
+                 "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local ranks)")
+      ->capture_default_str();
   app.add_option("--comm-timeout", o.comm_timeout_s,
                  "Seconds a collective or the rendezvous may wait for the other ranks before the "
                  "run fails with an error naming the operation (a dead or stuck rank)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--metrics-out", o.metrics_out,
-                 "Write one JSON object per step (and per validation) to this file");
-  app.add_option("--threads", o.threads,
-                 "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local ranks)")
-      ->capture_default_str();
-  app.add_option("--replicas", o.replicas,
-                 "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
-                 "replicas consecutive ranks; gradients are all-reduced across replicas")
-      ->capture_default_str();
-  app.add_flag("--track-host-memory", o.track_host_memory,
-               "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
-  app.add_flag("--plan", o.plan,
-               "Print the memory per rank and the communication per step these flags need "
-               "(the planner), then exit without training");
+}
+
+void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
+  if (with_plan_flag) {
+    app.add_flag("--plan", o.plan,
+                 "Print the memory per rank and the communication per step these flags need "
+                 "(the planner), then exit without training");
+  }
   app.add_option("--plan-world", o.plan_world,
                  "World size to plan for (default: the launched one)");
   app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
@@ -152,22 +161,29 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
       ->capture_default_str();
 }
 
+void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
+                     std::string& profile_steps, bool with_plan_flag) {
+  o.lr = defaults.lr;
+  o.beta2 = defaults.beta2;
+  o.weight_decay = defaults.weight_decay;
+  o.lr_schedule = defaults.lr_schedule;
+  add_job_flags(app, o);
+  add_memory_flags(app, o);
+  add_optimizer_flags(app, o);
+  add_checkpoint_flags(app, o);
+  add_validation_flags(app, o);
+  add_profiling_flags(app, o, profile_steps);
+  add_plan_flags(app, o, with_plan_flag);
+}
+
 namespace {
 
-std::string check(const TrainOptions& o, int world) {
-  auto positive = [](int64_t v, const char* flag) -> std::string {
-    return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
-  };
-  for (auto err : {positive(o.seq, "--seq"), positive(o.batch, "--batch"),
-                   positive(o.steps, "--steps"), positive(o.eval_batch, "--eval-batch")}) {
-    if (!err.empty()) return err;
-  }
-  if (o.tp < 1 || world % o.tp != 0) {
-    return fmt::format(
-        "--tp {} must divide the world of {} ranks (each group of --tp consecutive ranks splits "
-        "the model's matmuls; the world / tp groups see different batches)",
-        o.tp, world);
-  }
+std::string positive(int64_t v, const char* flag) {
+  return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
+}
+
+// The batch's split over the data-parallel ranks and micro-batches, and the layout's degrees.
+std::string check_layout(const TrainOptions& o, int world) {
   if (o.sp && (o.tp < 2 || o.seq % o.tp != 0)) {
     return fmt::format(
         "--sp splits the sequence over the --tp ranks: it needs --tp of at least 2 and a --seq "
@@ -195,24 +211,17 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--replicas {} must divide the {} (each replica is sharded over the rest)",
                        o.replicas, over);
   }
-  if (o.plan_ranks_per_host < 0 ||
-      (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
-    return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
-                       o.plan_ranks_per_host, world);
-  }
-  if (o.plan_search < 0) return fmt::format("--plan-search must be >= 0, got {}", o.plan_search);
-  if (!(o.plan_capacity_gib >= 0)) {
-    return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
-  }
-  if (o.grad_accum < 1) {
-    return fmt::format("--grad-accum must be a positive integer, got {}", o.grad_accum);
-  }
+  if (o.grad_accum < 1) return positive(o.grad_accum, "--grad-accum");
   if ((o.batch / dp) % o.grad_accum != 0) {
     return fmt::format(
         "--grad-accum {} must divide the {} sequences each rank trains on per step (--batch {} "
         "over {})",
         o.grad_accum, o.batch / dp, o.batch, over);
   }
+  return "";
+}
+
+std::string check_optimizer(const TrainOptions& o) {
   if (!(o.lr > 0) || !std::isfinite(o.lr))
     return fmt::format("--lr must be positive, got {}", o.lr);
   if (!(o.lr_min >= 0) || o.lr_min > o.lr) {
@@ -229,6 +238,18 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
                        o.clip_grad_norm);
   }
+  if (o.offload == Offload::optimizer && o.optimizer != OptimizerKind::fused_adamw) {
+    return fmt::format(
+        "--offload optimizer keeps fsdp::FusedAdamW's state on the host; --optimizer {} has no "
+        "such mode (use --optimizer fused-adamw, or --offload all, which offloads any optimizer "
+        "with the parameters)",
+        name(o.optimizer));
+  }
+  return "";
+}
+
+// Checkpoints, validation, profiling and planning.
+std::string check_outputs(const TrainOptions& o, int world) {
   if (o.save_every < 0) return fmt::format("--save-every must be >= 0, got {}", o.save_every);
   if (o.keep < 0) return fmt::format("--keep must be >= 0, got {}", o.keep);
   if (o.eval_every < 0) return fmt::format("--eval-every must be >= 0, got {}", o.eval_every);
@@ -239,7 +260,20 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--profile-steps {}:{} reaches past the last step ({} steps, 0-based)",
                        o.profile_first, o.profile_last, o.steps);
   }
-  if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
+  if (o.plan_ranks_per_host < 0 ||
+      (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
+    return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
+                       o.plan_ranks_per_host, world);
+  }
+  if (o.plan_search < 0) return fmt::format("--plan-search must be >= 0, got {}", o.plan_search);
+  if (!(o.plan_capacity_gib >= 0)) {
+    return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
+  }
+  return "";
+}
+
+// The memory options: the quantized gather's block and the fused loss's chunk.
+std::string check_memory(const TrainOptions& o) {
   if (o.quantize_all_gather != 0 &&
       (o.quantize_all_gather < 4 || o.quantize_all_gather > (1 << 20) ||
        o.quantize_all_gather % 4 != 0)) {
@@ -252,17 +286,34 @@ std::string check(const TrainOptions& o, int world) {
     return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
   }
   if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
-  if (o.offload == "optimizer" && o.optimizer != "fused-adamw") {
-    return fmt::format(
-        "--offload optimizer keeps fsdp::FusedAdamW's state on the host; --optimizer {} has no "
-        "such mode (use --optimizer fused-adamw, or --offload all, which offloads any optimizer "
-        "with the parameters)",
-        o.optimizer);
-  }
   return "";
 }
 
+std::string check(const TrainOptions& o, int world) {
+  for (auto err : {positive(o.seq, "--seq"), positive(o.batch, "--batch"),
+                   positive(o.steps, "--steps"), positive(o.eval_batch, "--eval-batch")}) {
+    if (!err.empty()) return err;
+  }
+  // In order: the layout's check divides by --tp, which check_job proves divides the world.
+  if (auto err = check_job(o, world); !err.empty()) return err;
+  if (auto err = check_layout(o, world); !err.empty()) return err;
+  if (auto err = check_optimizer(o); !err.empty()) return err;
+  if (auto err = check_outputs(o, world); !err.empty()) return err;
+  return check_memory(o);
+}
+
 }  // namespace
+
+std::string check_job(const TrainOptions& o, int world) {
+  if (o.tp < 1 || world % o.tp != 0) {
+    return fmt::format(
+        "--tp {} must divide the world of {} ranks (each group of --tp consecutive ranks splits "
+        "the model's matmuls; the world / tp groups see different batches)",
+        o.tp, world);
+  }
+  if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
+  return "";
+}
 
 std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv,
                                      const SectionTable& sections) {

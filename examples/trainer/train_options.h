@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "choices.h"
 #include "sections.h"
 
 namespace trainer {
@@ -17,7 +18,7 @@ struct TrainOptions {
   int64_t batch = 8;  // global: sequences per step over all ranks
   int steps = 20;
   uint64_t seed = 0;
-  std::string dtype = "fp32";  // fp32 | bf16 (bf16 compute, fp32 reduce and master shards)
+  Dtype dtype = Dtype::fp32;   // bf16: bf16 compute, fp32 reduction and master shards
   int threads = 0;             // intra-op threads per rank; 0: cores / local ranks
   double comm_timeout_s = 60;  // a collective waiting longer fails the run
   int tp = 1;                  // tensor parallelism (train_llama --tp): ranks splitting each matmul
@@ -29,20 +30,20 @@ struct TrainOptions {
 
   // Optimizer: AdamW, weight decay on parameters of 2 or more dimensions only (not on norms and
   // biases), the learning rate warmed up linearly, then constant or cosine down to lr_min.
-  std::string optimizer = "fused-adamw";  // fused-adamw (fsdp::FusedAdamW) | adamw (libtorch's)
+  OptimizerKind optimizer = OptimizerKind::fused_adamw;
   double lr = 3e-4;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.01;
   int warmup = 0;
-  std::string lr_schedule = "constant";  // constant | cosine
+  LrSchedule lr_schedule = LrSchedule::constant;
   double lr_min = 0;
-  double clip_grad_norm = 0;       // > 0: clip gradients to this global 2-norm before each step
-  int grad_accum = 1;              // micro-batches per step, the rank's batch split evenly
-  bool grad_accum_sync = false;    // reduce-scatter after every micro-batch instead of once
-  std::string nonfinite = "stop";  // stop | skip | off: a NaN/inf loss or gradient norm
-  // none | optimizer (AdamW's moments in host memory, the step on the CPU) | all (FSDP2's
-  // CPUOffloadPolicy: sharded parameters, gradients and optimizer state in host memory)
-  std::string offload = "none";
+  double clip_grad_norm = 0;     // > 0: clip gradients to this global 2-norm before each step
+  int grad_accum = 1;            // micro-batches per step, the rank's batch split evenly
+  bool grad_accum_sync = false;  // reduce-scatter after every micro-batch instead of once
+  Nonfinite nonfinite = Nonfinite::stop;  // a NaN/inf loss or gradient norm
+  // optimizer: AdamW's moments in host memory, the step on the CPU; all: FSDP2's
+  // CPUOffloadPolicy (sharded parameters, gradients and optimizer state in host memory).
+  Offload offload = Offload::none;
   // > 0: every unit's all-gather sends int8 weights with one scale per this many elements
   // (fsdp::quantized_all_gather, ZeRO++'s qwZ); 0: the compute dtype.
   int64_t quantize_all_gather = 0;
@@ -85,13 +86,26 @@ struct TrainDefaults {
   double lr = 3e-4;
   double beta2 = 0.999;
   double weight_decay = 0.01;
-  std::string lr_schedule = "constant";
+  LrSchedule lr_schedule = LrSchedule::constant;
 };
 
-// Registers the flags on `app`, writing into `o` (with `defaults` applied first). Sizes the
-// trainer fills from presets (--seq, --batch, --steps) are the trainer's to register.
+// Registers the loop's flags on `app`, writing into `o` (with `defaults` applied first), one
+// function per section: the job's (add_job_flags), then parallelism and memory, optimizer and
+// schedule, checkpoints, validation, profiling and planning. Sizes the trainer fills from
+// presets (--seq, --batch, --steps) are the trainer's to register.
+// `with_plan_flag` false leaves --plan out (fsdp_plan, which always plans).
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
-                     std::string& profile_steps);
+                     std::string& profile_steps, bool with_plan_flag = true);
+
+// The flags of every program that runs a model, training or not (llama_generate too): --seed,
+// --dtype, --threads, --comm-timeout.
+void add_job_flags(CLI::App& app, TrainOptions& o);
+
+// The planning section: --plan (when `with_plan_flag`) and --plan-*.
+void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag);
+
+// What add_job_flags' values and `o.tp` need of the world: the error or "".
+std::string check_job(const TrainOptions& o, int world);
 
 // Parses argv (and the --recipe it names) into `app`'s flags, which `sections` (the program's
 // own) and shared_sections() put in their sections (sections.h). nullopt when the program goes

@@ -39,7 +39,7 @@ fsdp::plan::PlanRequest request_for(const TrainOptions& o, const PlanModel& mode
                     o.batch, dp, o.grad_accum));
   }
   const int64_t sequences = o.batch / dp / o.grad_accum;  // one micro-batch
-  const int compute_bytes = o.dtype == "bf16" ? 2 : 4;
+  const int compute_bytes = o.dtype == Dtype::bf16 ? 2 : 4;
   fsdp::plan::PlanRequest r;
   r.units = model.units(sequences, compute_bytes, o.activation_checkpointing, layout.tp);
   for (size_t i = 1; i < r.units.size(); ++i) {
