@@ -1,423 +1,198 @@
 #include "llama_options.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <cmath>
-#include <set>
+#include <functional>
+#include <initializer_list>
 
-#include "fsdp/models/llama.h"
-#include "fsdp/models/llama_lora.h"
-#include "text_prompt.h"
+#include "llama_flags.h"
 
 namespace llama {
 namespace {
 
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
+constexpr const char* kLaunch =
+    "\nLaunch: mpirun -np N, torchrun --no-python --nproc-per-node N, or scripts/launch.sh "
+    "--nproc N.";
 
-bool exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
+ParseResult fail(const std::string& error) { return {std::nullopt, 2, "error: " + error, ""}; }
 
-std::string config_path(const Options& o) {
-  return o.config.empty() ? o.hf_dir + "/config.json" : o.config;
-}
-
-}  // namespace
-
-namespace {
-
-std::string check(const Options& o) {
-  const int sources = !o.hf_dir.empty() + !o.config.empty() + !o.preset.empty();
-  if (sources != 1) {
-    return "give the model as --hf-dir DIR (a Hugging Face directory), --config FILE (a "
-           "config.json, random weights from --seed) or --preset NAME, one of the three";
-  }
-  if (!o.preset.empty() && !fsdp::models::llama::preset_config(o.preset)) {
-    return fmt::format("--preset {}: unknown; expected one of {}", o.preset,
-                       fmt::join(fsdp::models::llama::preset_names(), ", "));
-  }
-  if (o.preset.empty() && !is_file(config_path(o))) {
-    return fmt::format("{}: no such file (expected a Hugging Face config.json)", config_path(o));
-  }
-  if (!o.generate_text.empty()) {
-    if (!o.generate_ids.empty()) return "--generate TEXT and --generate-ids IDS: give one";
-    if (!have_tokenizer()) return check_text_prompt(o);  // names the missing library
-    if (o.hf_dir.empty() || !is_file(o.hf_dir + "/tokenizer.json")) {
-      return fmt::format(
-          "--generate needs the model's tokenizer.json in --hf-dir ({} has none; a model with "
-          "only a SentencePiece tokenizer.model takes --generate-ids)",
-          o.hf_dir.empty() ? "no --hf-dir given" : o.hf_dir);
-    }
-  }
-  if (o.chat && o.generate_text.empty()) {
-    return "--chat needs --generate TEXT: the user's message, put through the chat template";
-  }
-  if (!o.system_prompt.empty() && !o.chat) return "--system needs --chat";
-  if (auto error = check_text_prompt(o); !error.empty()) return error;
-  if (!o.generate_ids.empty() || !o.generate_text.empty()) {
-    if (o.max_new_tokens < 0) {
-      return fmt::format("--max-new-tokens must be >= 0, got {}", o.max_new_tokens);
-    }
-    if (!std::isfinite(o.temperature) || o.temperature < 0) {
-      return fmt::format("--temperature must be a finite number >= 0 (0: greedy), got {}",
-                         o.temperature);
-    }
-    if (o.top_k < 0) return fmt::format("--top-k must be >= 0, got {}", o.top_k);
-    if (!(o.top_p > 0 && o.top_p <= 1)) {
-      return fmt::format("--top-p must be in (0, 1], got {}", o.top_p);
-    }
-    if (o.train.sp) return "--generate-ids and --sp: one new token does not split over --tp";
-  } else if (o.train.eval_only) {
-    if (o.val_tokens.empty()) return "--eval-only needs --val-tokens FILE";
-  } else if (!o.train.plan && o.data_tokens.empty()) {
-    return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
-  }
-  // --plan reads no file of the run it plans (a recipe's data may live on the cluster only).
-  const bool reads_files = !o.train.plan;
-  for (const auto& [flag, path] :
-       {std::pair{"--data-tokens", o.data_tokens}, std::pair{"--val-tokens", o.val_tokens}}) {
-    if (reads_files && !path.empty() && !is_file(path)) {
-      return fmt::format("{} {}: no such file (expected a file of {} token ids)", flag, path,
-                         o.tokens_dtype);
-    }
-  }
-  if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
-  if (!o.val_loss_mask.empty()) {
-    if (o.val_tokens.empty()) return "--val-loss-mask needs --val-tokens (the tokens it masks)";
-    if (reads_files && !is_file(o.val_loss_mask)) {
-      return fmt::format(
-          "--val-loss-mask {}: no such file (expected one byte per token of "
-          "--val-tokens)",
-          o.val_loss_mask);
-    }
-  }
-  if (!o.loss_mask.empty()) {
-    if (o.data_tokens.empty()) return "--loss-mask needs --data-tokens (the tokens it masks)";
-    if (reads_files && !is_file(o.loss_mask)) {
-      return fmt::format(
-          "--loss-mask {}: no such file (expected one byte per token of "
-          "--data-tokens, from scripts/tokenize_chat.py)",
-          o.loss_mask);
-    }
-  }
-  if (o.count < 1) return fmt::format("--count must be positive, got {}", o.count);
-  if (o.max_shard_bytes < 1) {
-    return fmt::format("--max-shard-bytes must be positive, got {}", o.max_shard_bytes);
-  }
-  if (!o.export_hf.empty() && exists(o.export_hf)) {
-    // Refused before training: a directory a user saved is never overwritten.
-    return fmt::format("--export-hf {}: exists already; give a new directory", o.export_hf);
-  }
-  for (const auto& t : o.tokenizer) {
-    if (reads_files && !exists(t)) {
-      return fmt::format("--tokenizer {}: no such file or directory", t);
-    }
-  }
-  if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
-  if (o.document_start) {
-    const int64_t vocab = model_config(o).vocab_size;
-    if (*o.document_start < 0 || *o.document_start >= vocab) {
-      return fmt::format("--document-start-id {} is not a token id of the model (0 to {})",
-                         *o.document_start, vocab - 1);
-    }
-  }
-  if (!o.export_adapter.empty()) {
-    if (!o.lora.enabled()) return "--export-adapter needs LoRA adapters (--lora-rank R)";
-    if (exists(o.export_adapter)) {
-      return fmt::format("--export-adapter {}: exists already; give a new directory",
-                         o.export_adapter);
-    }
-  }
-  if (o.lora.enabled()) {
-    try {
-      fsdp::models::llama::validate_lora(model_config(o), o.lora, o.train.tp);
-    } catch (const std::exception& e) {
-      return fmt::format("--lora-rank {} --lora-targets {}: {}", o.lora.rank,
-                         fmt::join(o.lora.targets, ","), e.what());
-    }
-  } else if (o.lora.rank < 0) {
-    return fmt::format("--lora-rank must be >= 0 (0: full fine-tuning), got {}", o.lora.rank);
-  }
-  if (o.train.fused_loss && o.lora.enabled() &&
-      std::find(o.lora.targets.begin(), o.lora.targets.end(), "lm_head") != o.lora.targets.end()) {
-    return "--fused-loss fuses a plain head: not with a LoRA adapter on lm_head";
-  }
-  if (o.float8.enabled || !o.float8.skip.empty() || o.float8_all_gather) {
-    if (!o.float8.enabled) {
-      return o.float8_all_gather ? "--float8-all-gather needs --float8"
-                                 : "--float8-skip needs --float8";
-    }
-    if (o.float8_all_gather && o.train.quantize_all_gather > 0) {
-      return "--float8-all-gather and --quantize-all-gather: give one (each is the layers' "
-             "all-gather)";
-    }
-    try {
-      fsdp::models::llama::validate_float8(model_config(o), o.float8, o.train.tp, o.lora.enabled());
-    } catch (const std::exception& e) {
-      return fmt::format("--{}", e.what());  // "--float8: ...": validate_float8 says "float8: "
-    }
-  }
-  if (o.train.tp > 1) {
-    // The heads must split evenly: refused here, before any rank starts communicating.
-    try {
-      fsdp::models::llama::validate_tp(model_config(o), o.train.tp);
-    } catch (const std::exception& e) {
-      return fmt::format("--tp {}: {}", o.train.tp, e.what());
-    }
+// The first error of `checks`, run in order: a later check may rely on an earlier one (the
+// model's config.json is read only once it is known to exist).
+std::string first_error(std::initializer_list<std::function<std::string()>> checks) {
+  for (const auto& check : checks) {
+    if (auto error = check(); !error.empty()) return error;
   }
   return "";
 }
 
-}  // namespace
-
-fsdp::models::llama::Config model_config(const Options& o) {
-  if (!o.preset.empty()) return *fsdp::models::llama::preset_config(o.preset);
-  return fsdp::models::llama::read_hf_config(config_path(o));
+// The loop's flags with the usual choices for language models: AdamW betas (0.9, 0.95), weight
+// decay 0.1, a cosine schedule.
+trainer::TrainDefaults language_model_defaults() {
+  trainer::TrainDefaults defaults;
+  defaults.beta2 = 0.95;
+  defaults.weight_decay = 0.1;
+  defaults.lr_schedule = trainer::LrSchedule::cosine;
+  return defaults;
 }
 
-namespace {
+// train_llama's and fsdp_plan's sections: everything but generation and the logit dump.
+struct TrainingFlags {
+  Options o;
+  std::optional<int64_t> batch;
+  std::string profile_steps;
+  GivenFlags given;
 
-// train_llama's own flags in their sections (the loop's: trainer::shared_sections).
-const trainer::SectionTable& sections() {
-  static const trainer::SectionTable table = {
-      {"hf-dir", "model"},
-      {"config", "model"},
-      {"preset", "model"},
-      {"data-tokens", "data"},
-      {"val-tokens", "data"},
-      {"tokens-dtype", "data"},
-      {"seq", "data"},
-      {"batch", "data"},
-      {"loss-mask", "data"},
-      {"document-start-id", "data"},
-      {"steps", "optimizer"},
-      {"tp", "parallelism"},
-      {"sp", "parallelism"},
-      {"export-hf", "checkpoint"},
-      {"export-dtype", "checkpoint"},
-      {"tokenizer", "checkpoint"},
-      {"max-shard-bytes", "checkpoint"},
-      {"export-adapter", "checkpoint"},
-      {"val-loss-mask", "validation"},
-      {"dump-logits", "validation"},
-      {"count", "validation"},
-      {"lora-rank", "lora"},
-      {"lora-alpha", "lora"},
-      {"lora-dropout", "lora"},
-      {"lora-targets", "lora"},
-      {"lora-adapter", "lora"},
-      {"float8", "float8"},
-      {"float8-skip", "float8"},
-      {"float8-all-gather", "float8"},
-      {"generate-ids", "generation"},
-      {"generate", "generation"},
-      {"chat", "generation"},
-      {"system", "generation"},
-      {"max-new-tokens", "generation"},
-      {"temperature", "generation"},
-      {"top-k", "generation"},
-      {"top-p", "generation"},
-      {"ignore-eos", "generation"},
-      {"no-cache", "generation"},
-  };
-  return table;
+  void add(CLI::App& app, bool with_plan_flag) {
+    o.train.seq = 256;
+    o.train.steps = 20;
+    add_model_flags(app, o);
+    add_data_flags(app, o, batch);
+    add_tp_flags(app, o, /*with_sp=*/true);
+    add_lora_flags(app, o, given);
+    add_float8_flags(app, o);
+    add_export_flags(app, o);
+    trainer::add_train_flags(app, o.train, language_model_defaults(), profile_steps,
+                             with_plan_flag);
+  }
+
+  // After parsing: the adapter's configuration, the world planned for, the default batch (8
+  // sequences per data-parallel rank, the TP ranks of one sharing theirs).
+  std::string finish(int& world) {
+    if (auto error = read_lora_adapter(o, given); !error.empty()) return error;
+    auto& t = o.train;
+    if (t.plan && t.plan_world < 0) {
+      return fmt::format("--plan-world must be positive, got {}", t.plan_world);
+    }
+    if (t.plan && t.plan_world > 0) world = t.plan_world;
+    t.plan_world = world;
+    t.batch = batch.value_or(8 * (t.tp >= 1 && world % t.tp == 0 ? world / t.tp : world));
+    return trainer::finish_train_options(t, profile_steps, world);
+  }
+};
+
+// What train_llama runs: training, evaluation (--eval-only), or a deprecated job.
+std::string check_training(const Options& o) {
+  if (o.train.eval_only) {
+    if (o.val_tokens.empty()) return "--eval-only needs --val-tokens FILE";
+  } else if (!o.train.plan && !generating(o) && o.data_tokens.empty()) {
+    return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
+  }
+  if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
+  if (o.count < 1) return fmt::format("--count must be positive, got {}", o.count);
+  if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
+  return "";
 }
+
+// The notices of train_llama's deprecated jobs: each names the program that does it now.
+std::string deprecations(const Options& o) {
+  std::string notice;
+  if (generating(o)) {
+    notice +=
+        "warning: train_llama --generate-ids, --generate and --chat are deprecated: "
+        "llama_generate takes the same flags (this run generates as before)\n";
+  }
+  if (o.train.plan) {
+    notice +=
+        "warning: train_llama --plan is deprecated: fsdp_plan takes the same flags without "
+        "--plan (this run plans as before)\n";
+  }
+  if (!o.dump_logits.empty()) {
+    notice +=
+        "warning: train_llama --dump-logits is deprecated and will be removed: it is a test aid "
+        "(tests/models/llama_logits.cpp writes logits from a Hugging Face directory); this run "
+        "writes them as before\n";
+  }
+  return notice;
+}
+
+ParseResult parsed(const Options& o, std::string notice = "") { return {o, 0, "", notice}; }
 
 }  // namespace
 
 ParseResult parse_options(int argc, char** argv, int world) {
   CLI::App app{
-      "Train (pretrain or fine-tune) a Llama-family model with fsdp: Hugging Face weights in and "
-      "out, nanoGPT token files.\nLaunch: mpirun -np N, torchrun --no-python --nproc-per-node "
-      "N, or scripts/launch.sh --nproc N."};
+      std::string("Train (pretrain or fine-tune) or evaluate a Llama-family model with fsdp: "
+                  "Hugging Face weights in and out, nanoGPT token files. llama_generate "
+                  "generates, fsdp_plan plans a run.") +
+      kLaunch};
+  TrainingFlags flags;
+  flags.add(app, /*with_plan_flag=*/true);
+  auto& o = flags.o;
+  add_logits_flags(app, o);
+  add_generation_flags(app, o, flags.given);
+  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+    return {std::nullopt, stop->exit_code, stop->message, ""};
+  }
+  const bool read_files = !o.train.plan;  // a plan reads no file of the run it plans
+  const auto error = first_error({
+      [&] { return flags.finish(world); },
+      [&] { return check_model(o); },
+      [&] { return generating(o) ? check_generation(o, flags.given) : ""; },
+      [&] { return check_training(o); },
+      [&] { return check_data(o, read_files); },
+      [&] { return check_export(o, read_files); },
+      [&] { return check_model_transforms(o); },
+  });
+  if (!error.empty()) return fail(error);
+  return parsed(o, deprecations(o));
+}
+
+ParseResult parse_plan_options(int argc, char** argv, int world) {
+  CLI::App app{
+      "Plan a Llama-family training run without running it: the memory per rank and the "
+      "communication per step that train_llama's flags (or --recipe) need at --plan-world ranks "
+      "(default: the launched world, 1 when run alone), and with --plan-search the best layouts. "
+      "Give the train_llama run's flags without --plan; the files they name need not exist "
+      "here, only the model's config.json (or --preset)."};
+  TrainingFlags flags;
+  flags.add(app, /*with_plan_flag=*/false);
+  auto& o = flags.o;
+  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+    return {std::nullopt, stop->exit_code, stop->message, ""};
+  }
+  o.train.plan = true;
+  const auto error = first_error({
+      [&] { return flags.finish(world); },
+      [&] { return check_model(o); },
+      [&] { return check_data(o, /*read_files=*/false); },
+      [&] { return check_model_transforms(o); },
+  });
+  if (!error.empty()) return fail(error);
+  return parsed(o);
+}
+
+ParseResult parse_generate_options(int argc, char** argv, int world) {
+  CLI::App app{
+      std::string("Generate with a Llama-family model (Hugging Face weights, a PEFT adapter on "
+                  "them if given): after prompt token ids, or a text through the model's "
+                  "tokenizer and, with --chat, its chat template; sharded over the launched "
+                  "ranks as in training, every rank drawing the same tokens.") +
+      kLaunch};
   Options o;
-  auto& t = o.train;
-  t.seq = 256;
-  t.steps = 20;
-  std::optional<int64_t> batch;
-  app.add_option("--hf-dir", o.hf_dir,
-                 "A Hugging Face directory (config.json, model.safetensors or shards with "
-                 "model.safetensors.index.json): start from its weights");
-  app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
-  app.add_option("--preset", o.preset,
-                 fmt::format("A published configuration ({}; Meta's config.json values, no "
-                             "weights): random weights, or what --plan needs",
-                             fmt::join(fsdp::models::llama::preset_names(), ", ")));
-  app.add_option("--data-tokens", o.data_tokens,
-                 "Training tokens: little-endian token ids, one after another "
-                 "(scripts/tokenize_text.py writes them)");
-  app.add_option("--val-tokens", o.val_tokens,
-                 "Validation tokens: the loss over windows of --seq + 1 tokens");
-  app.add_option("--tokens-dtype", o.tokens_dtype, "uint16, or uint32 for vocabularies above 65536")
-      ->check(CLI::IsMember({"uint16", "uint32"}))
-      ->capture_default_str();
-  app.add_option("--seq", t.seq, "Tokens per sequence")->capture_default_str();
-  app.add_option("--batch", batch,
-                 "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
-  app.add_option("--steps", t.steps, "Training steps")->capture_default_str();
-  app.add_option("--export-hf", o.export_hf,
-                 "After training, write the model as a Hugging Face directory (a new one)");
-  app.add_option("--export-dtype", o.export_dtype, "fp32 or bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  app.add_option("--tokenizer", o.tokenizer,
-                 "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
-                 "needs tokenizer.model)");
-  app.add_option("--max-shard-bytes", o.max_shard_bytes,
-                 "--export-hf splits the weights into files of at most this many bytes")
-      ->capture_default_str();
-  app.add_option("--dump-logits", o.dump_logits,
-                 "With --eval-only: write the logits of the first --count validation windows to "
-                 "this safetensors file (tensor \"logits\", fp32)");
-  app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
-  app.add_option("--val-loss-mask", o.val_loss_mask,
-                 "One byte per token of --val-tokens: the validation loss is the mean over the "
-                 "targets whose byte is 1 (scripts/tokenize_chat.py on held-out conversations)");
-  app.add_option(
-      "--loss-mask", o.loss_mask,
-      "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "
-      "the token counts as a target, 0 where not (a chat's prompts); the training loss "
-      "is the mean over counted targets (transformers' labels of -100)");
-  app.add_option("--generate-ids", o.generate_ids,
-                 "Instead of training: generate after these prompt token ids (space or comma "
-                 "separated) with a cache of keys and values, on every rank (sharded like "
-                 "training), and print the new ids")
-      ->delimiter(',');
-  app.add_option("--generate", o.generate_text,
-                 "Instead of training: generate after this text, encoded by --hf-dir's "
-                 "tokenizer.json (a byte-level BPE: fsdp/models/tokenizer.h), and print the new "
-                 "ids and their text (with --chat, the text is the user's message and the "
-                 "model's chat template is applied; without, give the rendered text)");
-  app.add_flag("--chat", o.chat,
-               "--generate's text is the user's turn: --hf-dir's chat template "
-               "(chat_template.jinja or tokenizer_config.json's) renders it, after --system's "
-               "turn, with the assistant's turn opened, as transformers' apply_chat_template("
-               "add_generation_prompt=True) does");
-  app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
-  app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens --generate-ids adds at most")
-      ->capture_default_str();
-  app.add_option("--temperature", o.temperature,
-                 "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
-                 "--seed)")
-      ->capture_default_str();
-  app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
-      ->capture_default_str();
-  app.add_option("--top-p", o.top_p,
-                 "Sample among the most likely tokens whose probabilities sum to p (1: all)")
-      ->capture_default_str();
-  app.add_flag("--ignore-eos", o.ignore_eos,
-               "--generate-ids goes on past the end-of-sequence ids (by default it stops after "
-               "one, as transformers' generate: generation_config.json's, else config.json's)");
-  app.add_flag("--no-cache", o.no_cache,
-               "--generate-ids without the cache: the whole sequence in every forward");
-  app.add_option("--document-start-id", o.document_start,
-                 "Packing: every occurrence of this token id (a chat template's begin-of-text, "
-                 "which tokenize_chat.py prints) starts a document: positions restart at 0 and "
-                 "attention stays inside each document, in training and validation windows "
-                 "(transformers' position_ids with a block-diagonal causal mask). Without it "
-                 "a window's tokens all attend to the ones before them");
-  app.add_option("--lora-rank", o.lora.rank,
-                 "LoRA: train low-rank adapters of this rank on --lora-targets, every other "
-                 "parameter frozen (PEFT's LoraConfig r; 0: full fine-tuning)")
-      ->capture_default_str();
-  auto* alpha = app.add_option("--lora-alpha", o.lora.alpha,
-                               "LoRA: the adapters' update is scaled by alpha / rank")
-                    ->capture_default_str();
-  auto* dropout = app.add_option("--lora-dropout", o.lora.dropout,
-                                 "LoRA: dropout on the adapters' input while training")
-                      ->capture_default_str();
-  auto* targets = app.add_option("--lora-targets", o.lora.targets,
-                                 fmt::format("LoRA: the Linears of every layer to adapt, "
-                                             "comma-separated, some of {}",
-                                             fmt::join(fsdp::models::lora_target_names(), ",")))
-                      ->delimiter(',')
-                      ->capture_default_str();
-  app.add_option("--lora-adapter", o.lora_adapter,
-                 "LoRA: start from the adapters of this PEFT adapter directory (its rank, alpha, "
-                 "dropout and targets, unless given)");
-  app.add_option("--export-adapter", o.export_adapter,
-                 "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
-                 "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
-                 "then writes the model with the adapters merged");
-  app.add_flag("--float8", o.float8.enabled,
-               "float8 training: the decoder layers' Linears run their GEMMs in float8 "
-               "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "
-               "gradients, dynamic scales); master weights, gradients and optimizer state as "
-               "without; the head stays");
-  app.add_option("--float8-skip", o.float8.skip,
-                 "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj, down_proj)")
-      ->delimiter(',');
-  app.add_flag("--float8-all-gather", o.float8_all_gather,
-               "With --float8: FSDP gathers those Linears' weights in float8 (torchao's "
-               "enable_fsdp_float8_all_gather): half of bf16's bytes for them, the same numbers "
-               "(at world 1, where nothing is gathered otherwise, it only adds work)");
-  app.add_option("--tp", t.tp,
-                 "Tensor parallelism: groups of this many consecutive ranks split every layer's "
-                 "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
-                 "each rank's slices over the world / tp data-parallel ranks")
-      ->capture_default_str();
-  app.add_flag("--sp", t.sp,
-               "Sequence parallelism with --tp: norms and residuals on chunks of the sequence "
-               "(all-gather before and reduce-scatter after the split matmuls instead of "
-               "all-reduces); --seq must divide by --tp");
-  // The loop's flags, with the usual choices for language models: AdamW betas (0.9, 0.95),
-  // weight decay 0.1, a cosine schedule.
-  std::string profile_steps;
-  trainer::TrainDefaults defaults;
-  defaults.beta2 = 0.95;
-  defaults.weight_decay = 0.1;
-  defaults.lr_schedule = "cosine";
-  trainer::add_train_flags(app, t, defaults, profile_steps);
-  if (auto stop = trainer::parse_flags(app, argc, argv, sections())) {
-    return {std::nullopt, stop->exit_code, stop->message};
+  GivenFlags given;
+  add_model_flags(app, o);
+  add_lora_flags(app, o, given, /*adapter_only=*/true);
+  add_tp_flags(app, o, /*with_sp=*/false);
+  add_generation_flags(app, o, given);
+  trainer::add_job_flags(app, o.train);
+  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+    return {std::nullopt, stop->exit_code, stop->message, ""};
   }
-  if (!o.lora_adapter.empty()) {
-    // The adapters' shapes and scaling come from their directory; a flag given too must agree.
-    try {
-      const auto found = fsdp::models::llama::read_peft_adapter_config(o.lora_adapter);
-      auto given = app.get_option("--lora-rank")->count() > 0;
-      if ((given && o.lora.rank != found.rank) ||
-          (alpha->count() > 0 && o.lora.alpha != found.alpha) ||
-          (targets->count() > 0 &&
-           std::set<std::string>(o.lora.targets.begin(), o.lora.targets.end()) !=
-               std::set<std::string>(found.targets.begin(), found.targets.end()))) {
-        return {std::nullopt, 2,
-                fmt::format("error: --lora-adapter {} holds rank {} alpha {:g} on {}; the flags "
-                            "say rank {} alpha {:g} on {} (drop them, or give the same)",
-                            o.lora_adapter, found.rank, found.alpha, fmt::join(found.targets, ","),
-                            o.lora.rank, o.lora.alpha, fmt::join(o.lora.targets, ","))};
-      }
-      const double keep_dropout = o.lora.dropout;
-      o.lora = found;
-      if (dropout->count() > 0) o.lora.dropout = keep_dropout;
-    } catch (const std::exception& e) {
-      return {std::nullopt, 2, fmt::format("error: --lora-adapter: {}", e.what())};
-    }
-  }
-  if (app.get_option("--generate")->count() > 0 && o.generate_text.empty()) {
-    return {std::nullopt, 2, "error: --generate needs a text (an empty prompt generates nothing)"};
-  }
-  if (t.plan && t.plan_world < 0) {
-    return {std::nullopt, 2,
-            fmt::format("error: --plan-world must be positive, got {}", t.plan_world)};
-  }
-  if (t.plan && t.plan_world > 0) world = t.plan_world;
-  t.plan_world = world;
-  // 8 sequences per data-parallel rank (the TP ranks of one share theirs).
-  t.batch = batch.value_or(8 * (t.tp >= 1 && world % t.tp == 0 ? world / t.tp : world));
-  for (const auto& err : {trainer::finish_train_options(t, profile_steps, world), check(o)}) {
-    if (!err.empty()) return {std::nullopt, 2, "error: " + err};
-  }
-  return {o, 0, ""};
+  const auto error = first_error({
+      [&] { return read_lora_adapter(o, given); },
+      [&] { return trainer::check_job(o.train, world); },
+      [&] { return check_model(o); },
+      [&]() -> std::string {
+        if (generating(o) || (given.generate && given.generate->count() > 0)) return "";
+        return "give a prompt: --generate-ids IDS, or --generate TEXT (with --chat, the user's "
+               "message)";
+      },
+      [&] { return check_generation(o, given); },
+      [&] { return check_model_transforms(o); },
+  });
+  if (!error.empty()) return fail(error);
+  return parsed(o);
 }
 
 }  // namespace llama

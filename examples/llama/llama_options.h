@@ -1,6 +1,7 @@
-// Command-line options of train_llama: where the model comes from (a Hugging Face directory or
-// a config.json for a random start), the token files, the exports, and the training loop's
-// flags (trainer/train_options.h).
+// Command-line options of the Llama programs: train_llama (training and evaluation),
+// llama_generate (generation and chat) and fsdp_plan (the planner for a train_llama run). One
+// Options holds them all; each program registers the sections it has (llama_flags.h and the
+// loop's trainer/train_options.h) and checks them, the rules across sections included.
 #pragma once
 
 #include <optional>
@@ -26,10 +27,10 @@ struct Options {
   // Packing: positions restart and attention stays within each document at this token id.
   std::optional<int64_t> document_start;
   std::string export_hf;  // after training, a Hugging Face directory of the model
-  std::string export_dtype = "fp32";
+  trainer::Dtype export_dtype = trainer::Dtype::fp32;
   std::vector<std::string> tokenizer;  // tokenizer files (or a directory) copied into it
   int64_t max_shard_bytes = 5'000'000'000;
-  std::string dump_logits;  // with --eval-only: the logits of the first --count windows
+  std::string dump_logits;  // deprecated: with --eval-only, the logits of the first --count windows
   int64_t count = 1;
   // --generate-ids: generate after these prompt tokens instead of training (llama_generate.h).
   std::vector<int64_t> generate_ids;
@@ -57,15 +58,29 @@ struct Options {
   trainer::TrainOptions train;
 };
 
+// What a parse decided: run with `options`, or exit with `exit_code` after printing
+// `message` (--help's text, or the error naming the flag and what is expected). `notice`:
+// deprecation lines rank 0 prints on stderr before it runs.
 struct ParseResult {
   std::optional<Options> options;
   int exit_code = 0;
   std::string message;
+  std::string notice;
 };
 
-// Parses argv and checks what can be checked before any communication: the flags' values, that
-// the files named exist, and their combinations. `world` splits the global batch.
+// train_llama: parses argv and checks what can be checked before any communication: the
+// flags' values, that the files named exist, and their combinations. `world` splits the global
+// batch. The deprecated ways to generate (--generate-ids, --generate, --chat), plan (--plan) and
+// dump logits (--dump-logits) still parse, with a notice naming their new program.
 ParseResult parse_options(int argc, char** argv, int world);
+
+// llama_generate: the model, a PEFT adapter, --tp, the prompt and the sampling, and the job's
+// flags (--seed, --dtype, --threads, --comm-timeout).
+ParseResult parse_generate_options(int argc, char** argv, int world);
+
+// fsdp_plan: train_llama's training flags (or recipe) without --plan, planned at --plan-world
+// ranks (default: the launched world); the files they name need not exist here.
+ParseResult parse_plan_options(int argc, char** argv, int world);
 
 // The model's configuration the flags name: --hf-dir's config.json, --config, or --preset.
 // InvalidArgument when the file cannot be read.

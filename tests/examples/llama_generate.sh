@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# train_llama --generate-ids against transformers' generate: a tiny GQA Llama trained a few steps
-# on a cyclic token stream (at world 2) and exported; from the export, 32 greedy tokens of
-# transformers' generate (with and without its cache) equal train_llama's at world 1 with and
-# without the cache, sharded at world 2, and split at --tp 2. Sampling (temperature, top-k,
-# top-p, a seed) draws the same tokens at world 1 and 2. Bad flags are refused by name.
+# llama_generate --generate-ids against transformers' generate: a tiny GQA Llama trained a few
+# steps on a cyclic token stream (by train_llama at world 2) and exported; from the export, 32
+# greedy tokens of transformers' generate (with and without its cache) equal llama_generate's at
+# world 1 with and without the cache, sharded at world 2, and split at --tp 2. Sampling
+# (temperature, top-k, top-p, a seed) draws the same tokens at world 1 and 2. 0.2.0's way,
+# train_llama --generate-ids, still gives the same tokens, with its deprecation line. Bad flags
+# are refused by name. llama_generate is the program beside train_llama.
 #   llama_generate.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -14,6 +16,8 @@ ref="$root/tests/reference"
 fsdp_scratch
 fsdp_one_thread
 fail=0
+trainer="$bin"
+bin="$(dirname "$trainer")/llama_generate"
 
 "$py" "$ref/hf_llama.py" make-tiny --out "$tmp/model" --vocab 301 --hidden 64 --layers 2 \
   --heads 4 --kv-heads 2 --intermediate 160 --seed 7 > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; exit 1; }
@@ -23,7 +27,7 @@ rng = np.random.default_rng(5)
 cycle = rng.permutation(301)[:61]  # a cycle of 61 tokens: each next token is determined
 np.tile(cycle, 200).astype("<u2").tofile(f"{sys.argv[1]}/train.bin")
 PY
-"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --seq 32 \
+"${mpiexec[@]}" -n 2 "$trainer" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --seq 32 \
   --batch 8 --steps 30 --lr 3e-3 --threads 1 --export-hf "$tmp/trained" > "$tmp/train.log" 2>&1 \
   || { cat "$tmp/train.log"; exit 1; }
 prompt="$("$py" -c "import numpy as np, sys; print(','.join(map(str, np.fromfile(sys.argv[1], '<u2')[5:12])))" "$tmp/train.bin")"
@@ -59,6 +63,10 @@ check "world 1, no cache" "$tmp/w1n.log"
 check "world 2 (sharded), cache" "$tmp/w2.log"
 "${mpiexec[@]}" -n 2 "$bin" "${gen[@]}" --tp 2 > "$tmp/tp.log" 2>&1 || { cat "$tmp/tp.log"; fail=1; }
 check "world 2 --tp 2, cache" "$tmp/tp.log"
+"$trainer" "${gen[@]}" > "$tmp/old.log" 2>&1 || { cat "$tmp/old.log"; fail=1; }
+check "train_llama --generate-ids (deprecated)" "$tmp/old.log"
+grep -q "warning: train_llama --generate-ids, --generate and --chat are deprecated: llama_generate" \
+  "$tmp/old.log" || { echo "FAILED: train_llama --generate-ids printed no deprecation line"; fail=1; }
 
 # Sampling: the same seed draws the same tokens at world 1 and sharded at world 2.
 # A high temperature, so that the draws leave the greedy path.
@@ -77,4 +85,6 @@ expect_error "--top-p must be in (0, 1]" "$bin" "${gen[@]}" --temperature 1 --to
 expect_error "--max-new-tokens must be >= 0" "$bin" --hf-dir "$tmp/trained" --generate-ids 1 --max-new-tokens -1
 expect_error "--temperature must be a finite number >= 0" "$bin" "${gen[@]}" --temperature -1
 expect_error "give the model as --hf-dir" "$bin" --generate-ids 1,2
+expect_error "give a prompt: --generate-ids IDS, or --generate TEXT" "$bin" --hf-dir "$tmp/trained"
+expect_error "not expected: 3 --steps" "$bin" "${gen[@]}" --steps 3
 exit $fail

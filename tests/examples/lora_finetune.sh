@@ -18,6 +18,7 @@
 #   lora_finetune.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
+gen="$(dirname "$bin")/llama_generate"  # the program beside train_llama
 mpiexec=("$@")
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 root="$FSDP_ROOT"
@@ -131,7 +132,7 @@ with torch.no_grad():
                          max_new_tokens=24, do_sample=False)
 print(" ".join(map(str, out[0, prompt.shape[1]:].tolist())))
 PY
-"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --generate-ids "$prompt" \
+"${mpiexec[@]}" -n 2 "$gen" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --generate-ids "$prompt" \
   --max-new-tokens 24 --threads 1 > "$tmp/gen.log" 2>&1 || { cat "$tmp/gen.log"; fail=1; }
 want="$(cat "$tmp/peft_gen.txt")"
 got="$(sed -n 's/^generated [0-9]* tokens ([^)]*) in [0-9.]* s: //p' "$tmp/gen.log")"
@@ -150,7 +151,7 @@ open(sys.argv[3], "w").write(" ".join(map(str, ids)))
 PY
 cp "$tmp/tok/tokenizer.json" "$tmp/base/"
 text="$(cat "$tmp/rendered.txt"; printf x)"; text="${text%x}"
-"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --generate "$text" \
+"${mpiexec[@]}" -n 2 "$gen" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --generate "$text" \
   --max-new-tokens 24 --threads 1 > "$tmp/gen_text.log" 2>&1 || { cat "$tmp/gen_text.log"; fail=1; }
 want_prompt="$(cat "$tmp/rendered_ids.txt")"
 got_prompt="$(sed -n 's/^prompt: [0-9]* tokens: //p' "$tmp/gen_text.log")"
@@ -171,7 +172,7 @@ PY
 # engine), after a system turn: the prompt ids equal transformers' apply_chat_template.
 cp "$tmp/tok/tokenizer_config.json" "$tmp/base/"
 [ ! -f "$tmp/tok/chat_template.jinja" ] || cp "$tmp/tok/chat_template.jinja" "$tmp/base/"
-"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --chat \
+"${mpiexec[@]}" -n 2 "$gen" --hf-dir "$tmp/base" --lora-adapter "$tmp/adapter" --chat \
   --system "Answer with a number." --generate "Add 12 and 30." --max-new-tokens 8 --threads 1 \
   > "$tmp/gen_chat.log" 2>&1 || { cat "$tmp/gen_chat.log"; fail=1; }
 want_prompt="$("$py" -c "
@@ -201,21 +202,21 @@ expect_error "was trained on another base model: --hf-dir $tmp/base (1 weight fi
   "$bin" --hf-dir "$tmp/base2" --lora-adapter "$tmp/init" --data-tokens "$tmp/data/train.bin" \
   --seq 64 --batch 12 --steps 10 --threads 1 --save-dir "$tmp/ckpt_bad" --resume
 [ "$(ls -R "$tmp/ckpt_bad")" = "$before" ] || { echo "FAILED: the refused resume wrote into $tmp/ckpt_bad"; fail=1; }
-expect_error "--system needs --chat" "$bin" --hf-dir "$tmp/base" --generate "Hi" --system "x"
-expect_error "--chat needs --generate TEXT" "$bin" --hf-dir "$tmp/base" --chat
+expect_error "--system needs --chat" "$gen" --hf-dir "$tmp/base" --generate "Hi" --system "x"
+expect_error "--chat needs --generate TEXT" "$gen" --hf-dir "$tmp/base" --chat
 rm -f "$tmp/base/tokenizer_config.json" "$tmp/base/chat_template.jinja"
 expect_error "has no chat template: neither chat_template.jinja nor" \
-  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat
+  "$gen" --hf-dir "$tmp/base" --generate "Hi" --chat
 echo '{"chat_template": "{% for m in messages %}{{ m.content"}' > "$tmp/base/tokenizer_config.json"
 expect_error "tokenizer_config.json: the template does not parse" \
-  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat
+  "$gen" --hf-dir "$tmp/base" --generate "Hi" --chat
 # A conversation the template refuses (Gemma's way with a system turn): its message, before the
 # weights load.
 echo '{"chat_template": "{% if messages[0].role == \"system\" %}{{ raise_exception(\"System role not supported\") }}{% endif %}{{ messages[0].content }}"}' \
   > "$tmp/base/tokenizer_config.json"
 expect_error "System role not supported" \
-  "$bin" --hf-dir "$tmp/base" --generate "Hi" --chat --system "Be brief."
+  "$gen" --hf-dir "$tmp/base" --generate "Hi" --chat --system "Be brief."
 rm -f "$tmp/base/tokenizer.json" "$tmp/base/tokenizer_config.json"
-expect_error "--generate needs the model's tokenizer.json" "$bin" --hf-dir "$tmp/base" --generate "Hi"
+expect_error "--generate needs the model's tokenizer.json" "$gen" --hf-dir "$tmp/base" --generate "Hi"
 [ ! -e "$tmp/bad" ] || { echo "FAILED: a refused run wrote $tmp/bad"; fail=1; }
 exit $fail

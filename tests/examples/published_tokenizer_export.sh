@@ -4,7 +4,7 @@
 # published_tokenizers_check.py --write-dir) through tokenizing (tokenize_text.py, uint32 ids),
 # training a tied Llama at world 2, export and generation:
 #  - transformers on the export gives train_llama's validation loss (1e-5);
-#  - train_llama --chat renders Llama 3.1's template (its system lines with the dates) and its
+#  - llama_generate --chat renders Llama 3.1's template (its system lines with the dates) and its
 #    prompt ids and greedy tokens equal transformers' apply_chat_template and generate;
 #  - llama.cpp's converter (convert_hf_to_gguf.py from the same source release) recognizes the
 #    exported tokenizer as Llama 3's ("llama-bpe", not "BPE pre-tokenizer was not recognized")
@@ -45,7 +45,7 @@ fi
 
 # --chat with Llama 3.1's template, against transformers.
 question="What does FSDP shard?"
-"${mpiexec[@]}" -n 2 "$bin" --hf-dir "$tmp/out" --chat --generate "$question" --max-new-tokens 8 \
+"${mpiexec[@]}" -n 2 "$(dirname "$bin")/llama_generate" --hf-dir "$tmp/out" --chat --generate "$question" --max-new-tokens 8 \
   --threads 1 > "$tmp/chat.log" 2>&1 || { cat "$tmp/chat.log"; fail=1; }
 "$py" "$ref/hf_llama.py" generate --hf-dir "$tmp/out" --chat "$question" --max-new-tokens 8 \
   > "$tmp/hf_chat.log" 2> "$tmp/hf_chat.err" || { cat "$tmp/hf_chat.log" "$tmp/hf_chat.err"; fail=1; }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The recipes (recipes/*.toml, train_llama --recipe): each parses and validates, and
+# The recipes (recipes/*.toml, train_llama --recipe, fsdp_plan --recipe): each parses and
+# validates, and
 #  - the CPU one (SmolLM2-135M chat LoRA on 2 ranks) trains at world 2 on a small stand-in
 #    model and chat data, its paths and length overridden on the command line: the adapters it
 #    writes have the recipe's rank, alpha and targets, and a flag given on the command line
 #    overrides the recipe's (--lora-rank 4);
-#  - the GPU ones plan (--plan) for their worlds and fit an 80 GB GPU (--plan-capacity-gib 80);
+#  - the GPU ones plan (fsdp_plan, the program beside train_llama) for their worlds and fit an
+#    80 GB GPU (--plan-capacity-gib 80);
 #  - a recipe with a key that is no flag, a key in another section than its flag's, a key outside
 #    any section, or a path that does not exist is refused by name before anything runs.
 #   recipes.sh TRAIN_LLAMA PYTHON MPIEXEC [MPIEXEC_FLAGS...]
@@ -18,6 +20,7 @@ recipes="$root/recipes"
 fsdp_scratch
 fsdp_one_thread
 fail=0
+planner="$(dirname "$bin")/fsdp_plan"
 
 # Every recipe in the folder is one of the three below: a new one needs its check here.
 for r in "$recipes"/*.toml; do
@@ -30,7 +33,7 @@ done
 # The GPU recipes: the plan of the run each describes, for its world, fits 80 GB.
 plan() {  # plan RECIPE FLAGS...
   local r="$1"; shift
-  if "$bin" --recipe "$recipes/$r" --plan --plan-capacity-gib 80 "$@" > "$tmp/$r.log" 2>&1; then
+  if "$planner" --recipe "$recipes/$r" --plan-capacity-gib 80 "$@" > "$tmp/$r.log" 2>&1; then
     echo "$r: $(grep -E '^plan:|total \(peak\)' "$tmp/$r.log" | tr -s ' ' | paste -sd ';')"
   else
     echo "FAILED: $r does not plan:"; cat "$tmp/$r.log"; fail=1
@@ -40,6 +43,16 @@ plan llama3.2-1b-pretrain-8gpu.toml --plan-world 8
 plan llama3-70b-64gpu-dp8-tp8.toml --plan-world 64 --plan-ranks-per-host 8
 grep -q "tp 8" "$tmp/llama3-70b-64gpu-dp8-tp8.toml.log" ||
   { echo "FAILED: the 70B recipe's plan is not dp 8 x tp 8"; fail=1; }
+# 0.2.0's way, train_llama --plan, prints the same plan after its deprecation line.
+"$bin" --recipe "$recipes/llama3.2-1b-pretrain-8gpu.toml" --plan --plan-capacity-gib 80 \
+  --plan-world 8 > "$tmp/old_plan.log" 2> "$tmp/old_plan.err" || { cat "$tmp/old_plan.err"; fail=1; }
+if cmp -s "$tmp/old_plan.log" "$tmp/llama3.2-1b-pretrain-8gpu.toml.log" &&
+  grep -q "warning: train_llama --plan is deprecated: fsdp_plan" "$tmp/old_plan.err"; then
+  echo "train_llama --plan (deprecated): the same plan as fsdp_plan, with its deprecation line"
+else
+  echo "FAILED: train_llama --plan differs from fsdp_plan or printed no deprecation line"
+  diff "$tmp/old_plan.log" "$tmp/llama3.2-1b-pretrain-8gpu.toml.log" | head; cat "$tmp/old_plan.err"; fail=1
+fi
 
 # The CPU recipe on a stand-in: chat data in a small chat tokenizer's ids, a 2-layer model.
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/tok" --vocab-size 600 \
@@ -81,14 +94,14 @@ fi
 
 # Bad recipes, refused by name before anything runs.
 printf '[parallelism]\nflux = 2\n' > "$tmp/unknown.toml"
-expect_error "'flux' in [parallelism] is not a flag of this program" "$bin" --recipe "$tmp/unknown.toml" --preset llama3.2-1b --plan
+expect_error "'flux' in [parallelism] is not a flag of this program" "$planner" --recipe "$tmp/unknown.toml" --preset llama3.2-1b
 printf '[data]\ntp = 2\n' > "$tmp/section.toml"
-expect_error "'tp' belongs in [parallelism], not [data]" "$bin" --recipe "$tmp/section.toml" --preset llama3.2-1b --plan
+expect_error "'tp' belongs in [parallelism], not [data]" "$planner" --recipe "$tmp/section.toml" --preset llama3.2-1b
 printf 'tp = 2\n' > "$tmp/top.toml"
-expect_error "'tp' belongs in [parallelism] (every key stands in its section's table)" "$bin" --recipe "$tmp/top.toml" --preset llama3.2-1b --plan
+expect_error "'tp' belongs in [parallelism] (every key stands in its section's table)" "$planner" --recipe "$tmp/top.toml" --preset llama3.2-1b
 printf '[optimizer]\nlr = "fast"\n' > "$tmp/value.toml"
-expect_error "--lr" "$bin" --recipe "$tmp/value.toml" --preset llama3.2-1b --plan
-expect_error "nope.toml" "$bin" --recipe "$tmp/nope.toml" --preset llama3.2-1b --plan
+expect_error "--lr" "$planner" --recipe "$tmp/value.toml" --preset llama3.2-1b
+expect_error "nope.toml" "$planner" --recipe "$tmp/nope.toml" --preset llama3.2-1b
 
 [ "$fail" -eq 0 ] && echo "recipes: passed"
 exit "$fail"
