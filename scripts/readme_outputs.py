@@ -87,9 +87,13 @@ MACHINE_DEPENDENT = re.compile(
     r"text: )")
 # Unpinned, the walkthrough's validation loss after 200 steps was 4.90470085 on an Intel Xeon
 # (README before issue 38), 5.01026239 on an AMD EPYC with AVX2 and 5.08113136 on an AMD EPYC
-# with AVX-512 (Zen 5): 3.6% apart at most. A pinned run on another processor can differ by no
-# more than that.
-CROSS_PROCESSOR_RTOL = 0.05
+# with AVX-512 (Zen 5): 3.6% apart at most. Pinned, the two AMD processors agree to the bit, but
+# an Intel Xeon (Emerald Rapids, AVX-512 and AMX) printed 5.38437347, 7.5% from them, and a last
+# step's loss of 4.8360 for their 4.1881 (15.5%). What the processor decides cannot decide the
+# test: such figures only have to stay within a bound that a trainer which stops learning still
+# fails (the loss starts at 6.93), and the relations decide (every runtime's validation loss
+# equals the trainer's, every generator's tokens each other's).
+CROSS_PROCESSOR_RTOL = 0.25
 
 
 def volatile_masked(line):
