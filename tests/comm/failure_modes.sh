@@ -96,9 +96,11 @@ for np in 2 4; do
     victim=$(pgrep -n -f -- "--seed 4242")
     t0=$EPOCHREALTIME
     kill -9 "$victim"
-    ( sleep $((limit + 30)); kill -9 "$job" 2>/dev/null ) & cap=$!
+    # The cap's sleep must neither hold the test's output open nor outlive the job: ctest waits
+    # for whoever holds the output, and a forgotten sleep kept this test 150 s past its end.
+    ( sleep $((limit + 30)); kill -9 "$job" 2>/dev/null ) > /dev/null 2>&1 & cap=$!
     wait "$job"; rc=$?
-    kill "$cap" 2>/dev/null
+    pkill -P "$cap" 2>/dev/null; kill "$cap" 2>/dev/null
     secs=$(elapsed "$t0")
     log="$tmp/train.log"
     check "trainer $via np$np kill -9" ""
