@@ -45,14 +45,16 @@ std::string check_mask(const std::string& mask, const char* flag, const std::str
 }  // namespace
 
 void add_model_flags(CLI::App& app, Options& o) {
-  app.add_option("--hf-dir", o.hf_dir,
-                 "A Hugging Face directory (config.json, model.safetensors or shards with "
-                 "model.safetensors.index.json): start from its weights");
-  app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
-  app.add_option("--preset", o.preset,
-                 fmt::format("A published configuration ({}; Meta's config.json values, no "
-                             "weights): random weights, or what a plan needs",
-                             fmt::join(ll::preset_names(), ", ")));
+  trainer::add_section(app, "model", [&] {
+    app.add_option("--hf-dir", o.hf_dir,
+                   "A Hugging Face directory (config.json, model.safetensors or shards with "
+                   "model.safetensors.index.json): start from its weights");
+    app.add_option("--config", o.config, "A config.json alone: start from random weights (--seed)");
+    app.add_option("--preset", o.preset,
+                   fmt::format("A published configuration ({}; Meta's config.json values, no "
+                               "weights): random weights, or what a plan needs",
+                               fmt::join(ll::preset_names(), ", ")));
+  });
 }
 
 std::string check_model(const Options& o) {
@@ -77,32 +79,39 @@ fsdp::models::llama::Config model_config(const Options& o) {
 }
 
 void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch) {
-  app.add_option("--data-tokens", o.data_tokens,
-                 "Training tokens: little-endian token ids, one after another "
-                 "(scripts/tokenize_text.py writes them)");
-  app.add_option("--val-tokens", o.val_tokens,
-                 "Validation tokens: the loss over windows of --seq + 1 tokens");
-  app.add_option("--tokens-dtype", o.tokens_dtype, "uint16, or uint32 for vocabularies above 65536")
-      ->check(CLI::IsMember({"uint16", "uint32"}))
-      ->capture_default_str();
-  app.add_option("--seq", o.train.seq, "Tokens per sequence")->capture_default_str();
-  app.add_option("--batch", batch,
-                 "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
-  app.add_option("--steps", o.train.steps, "Training steps")->capture_default_str();
-  app.add_option(
-      "--loss-mask", o.loss_mask,
-      "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "
-      "the token counts as a target, 0 where not (a chat's prompts); the training loss "
-      "is the mean over counted targets (transformers' labels of -100)");
-  app.add_option("--val-loss-mask", o.val_loss_mask,
-                 "One byte per token of --val-tokens: the validation loss is the mean over the "
-                 "targets whose byte is 1 (scripts/tokenize_chat.py on held-out conversations)");
-  app.add_option("--document-start-id", o.document_start,
-                 "Packing: every occurrence of this token id (a chat template's begin-of-text, "
-                 "which tokenize_chat.py prints) starts a document: positions restart at 0 and "
-                 "attention stays inside each document, in training and validation windows "
-                 "(transformers' position_ids with a block-diagonal causal mask). Without it "
-                 "a window's tokens all attend to the ones before them");
+  trainer::add_section(app, "data", [&] {
+    app.add_option("--data-tokens", o.data_tokens,
+                   "Training tokens: little-endian token ids, one after another "
+                   "(scripts/tokenize_text.py writes them)");
+    app.add_option("--val-tokens", o.val_tokens,
+                   "Validation tokens: the loss over windows of --seq + 1 tokens");
+    app.add_option("--tokens-dtype", o.tokens_dtype,
+                   "uint16, or uint32 for vocabularies above 65536")
+        ->check(CLI::IsMember({"uint16", "uint32"}))
+        ->capture_default_str();
+    app.add_option("--seq", o.train.seq, "Tokens per sequence")->capture_default_str();
+    app.add_option("--batch", batch,
+                   "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
+    app.add_option(
+        "--loss-mask", o.loss_mask,
+        "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "
+        "the token counts as a target, 0 where not (a chat's prompts); the training loss "
+        "is the mean over counted targets (transformers' labels of -100)");
+    app.add_option("--document-start-id", o.document_start,
+                   "Packing: every occurrence of this token id (a chat template's begin-of-text, "
+                   "which tokenize_chat.py prints) starts a document: positions restart at 0 and "
+                   "attention stays inside each document, in training and validation windows "
+                   "(transformers' position_ids with a block-diagonal causal mask). Without it "
+                   "a window's tokens all attend to the ones before them");
+  });
+  trainer::add_section(app, "optimizer", [&] {
+    app.add_option("--steps", o.train.steps, "Training steps")->capture_default_str();
+  });
+  trainer::add_section(app, "validation", [&] {
+    app.add_option("--val-loss-mask", o.val_loss_mask,
+                   "One byte per token of --val-tokens: the validation loss is the mean over the "
+                   "targets whose byte is 1 (scripts/tokenize_chat.py on held-out conversations)");
+  });
 }
 
 std::string check_data(const Options& o, bool read_files) {
@@ -131,19 +140,22 @@ std::string check_data(const Options& o, bool read_files) {
 }
 
 void add_export_flags(CLI::App& app, Options& o) {
-  app.add_option("--export-hf", o.export_hf,
-                 "After training, write the model as a Hugging Face directory (a new one)");
-  trainer::add_choice(app, "--export-dtype", o.export_dtype, "fp32 or bf16");
-  app.add_option("--tokenizer", o.tokenizer,
-                 "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
-                 "needs tokenizer.model)");
-  app.add_option("--max-shard-bytes", o.max_shard_bytes,
-                 "--export-hf splits the weights into files of at most this many bytes")
-      ->capture_default_str();
-  app.add_option("--export-adapter", o.export_adapter,
-                 "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
-                 "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
-                 "then writes the model with the adapters merged");
+  trainer::add_section(app, "checkpoint", [&] {
+    app.add_option("--export-hf", o.export_hf,
+                   "After training, write the model as a Hugging Face directory (a new one)");
+    trainer::add_choice(app, "--export-dtype", o.export_dtype, "fp32 or bf16");
+    app.add_option(
+        "--tokenizer", o.tokenizer,
+        "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
+        "needs tokenizer.model)");
+    app.add_option("--max-shard-bytes", o.max_shard_bytes,
+                   "--export-hf splits the weights into files of at most this many bytes")
+        ->capture_default_str();
+    app.add_option("--export-adapter", o.export_adapter,
+                   "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
+                   "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
+                   "then writes the model with the adapters merged");
+  });
 }
 
 std::string check_export(const Options& o, bool read_files) {
@@ -169,36 +181,41 @@ std::string check_export(const Options& o, bool read_files) {
 }
 
 void add_logits_flags(CLI::App& app, Options& o) {
-  app.add_option("--dump-logits", o.dump_logits,
-                 "Deprecated (a test aid). With --eval-only: write the "
-                 "logits of the first --count validation windows to this safetensors file "
-                 "(tensor \"logits\", fp32)");
-  app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  trainer::add_section(app, "validation", [&] {
+    app.add_option("--dump-logits", o.dump_logits,
+                   "Deprecated (a test aid). With --eval-only: write the "
+                   "logits of the first --count validation windows to this safetensors file "
+                   "(tensor \"logits\", fp32)");
+    app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+  });
 }
 
 void add_lora_flags(CLI::App& app, Options& o, GivenFlags& given, bool adapter_only) {
-  app.add_option("--lora-adapter", o.lora_adapter,
-                 "LoRA: start from the adapters of this PEFT adapter directory (its rank, alpha, "
-                 "dropout and targets, unless given)");
-  if (adapter_only) return;
-  given.lora_rank = app.add_option("--lora-rank", o.lora.rank,
-                                   "LoRA: train low-rank adapters of this rank on --lora-targets, "
-                                   "every other parameter frozen (PEFT's LoraConfig r; 0: full "
-                                   "fine-tuning)")
-                        ->capture_default_str();
-  given.lora_alpha = app.add_option("--lora-alpha", o.lora.alpha,
-                                    "LoRA: the adapters' update is scaled by alpha / rank")
-                         ->capture_default_str();
-  given.lora_dropout = app.add_option("--lora-dropout", o.lora.dropout,
-                                      "LoRA: dropout on the adapters' input while training")
+  trainer::add_section(app, "lora", [&] {
+    app.add_option("--lora-adapter", o.lora_adapter,
+                   "LoRA: start from the adapters of this PEFT adapter directory (its rank, alpha, "
+                   "dropout and targets, unless given)");
+    if (adapter_only) return;
+    given.lora_rank =
+        app.add_option("--lora-rank", o.lora.rank,
+                       "LoRA: train low-rank adapters of this rank on --lora-targets, "
+                       "every other parameter frozen (PEFT's LoraConfig r; 0: full "
+                       "fine-tuning)")
+            ->capture_default_str();
+    given.lora_alpha = app.add_option("--lora-alpha", o.lora.alpha,
+                                      "LoRA: the adapters' update is scaled by alpha / rank")
                            ->capture_default_str();
-  given.lora_targets =
-      app.add_option("--lora-targets", o.lora.targets,
-                     fmt::format("LoRA: the Linears of every layer to adapt, comma-separated, "
-                                 "some of {}",
-                                 fmt::join(fsdp::models::lora_target_names(), ",")))
-          ->delimiter(',')
-          ->capture_default_str();
+    given.lora_dropout = app.add_option("--lora-dropout", o.lora.dropout,
+                                        "LoRA: dropout on the adapters' input while training")
+                             ->capture_default_str();
+    given.lora_targets =
+        app.add_option("--lora-targets", o.lora.targets,
+                       fmt::format("LoRA: the Linears of every layer to adapt, comma-separated, "
+                                   "some of {}",
+                                   fmt::join(fsdp::models::lora_target_names(), ",")))
+            ->delimiter(',')
+            ->capture_default_str();
+  });
 }
 
 std::string read_lora_adapter(Options& o, const GivenFlags& given) {
@@ -227,32 +244,37 @@ std::string read_lora_adapter(Options& o, const GivenFlags& given) {
 }
 
 void add_float8_flags(CLI::App& app, Options& o) {
-  app.add_flag("--float8", o.float8.enabled,
-               "float8 training: the decoder layers' Linears run their GEMMs in float8 "
-               "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "
-               "gradients, dynamic scales); master weights, gradients and optimizer state as "
-               "without; the head stays");
-  app.add_option("--float8-skip", o.float8.skip,
-                 "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
-                 "gate_proj, up_proj, down_proj)")
-      ->delimiter(',');
-  app.add_flag("--float8-all-gather", o.float8_all_gather,
-               "With --float8: FSDP gathers those Linears' weights in float8 (torchao's "
-               "enable_fsdp_float8_all_gather): half of bf16's bytes for them, the same numbers "
-               "(at world 1, where nothing is gathered otherwise, it only adds work)");
+  trainer::add_section(app, "float8", [&] {
+    app.add_flag("--float8", o.float8.enabled,
+                 "float8 training: the decoder layers' Linears run their GEMMs in float8 "
+                 "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "
+                 "gradients, dynamic scales); master weights, gradients and optimizer state as "
+                 "without; the head stays");
+    app.add_option(
+           "--float8-skip", o.float8.skip,
+           "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
+           "gate_proj, up_proj, down_proj)")
+        ->delimiter(',');
+    app.add_flag("--float8-all-gather", o.float8_all_gather,
+                 "With --float8: FSDP gathers those Linears' weights in float8 (torchao's "
+                 "enable_fsdp_float8_all_gather): half of bf16's bytes for them, the same numbers "
+                 "(at world 1, where nothing is gathered otherwise, it only adds work)");
+  });
 }
 
 void add_tp_flags(CLI::App& app, Options& o, bool with_sp) {
-  app.add_option("--tp", o.train.tp,
-                 "Tensor parallelism: groups of this many consecutive ranks split every layer's "
-                 "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
-                 "each rank's slices over the world / tp data-parallel ranks")
-      ->capture_default_str();
-  if (!with_sp) return;
-  app.add_flag("--sp", o.train.sp,
-               "Sequence parallelism with --tp: norms and residuals on chunks of the sequence "
-               "(all-gather before and reduce-scatter after the split matmuls instead of "
-               "all-reduces); --seq must divide by --tp");
+  trainer::add_section(app, "parallelism", [&] {
+    app.add_option("--tp", o.train.tp,
+                   "Tensor parallelism: groups of this many consecutive ranks split every layer's "
+                   "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
+                   "each rank's slices over the world / tp data-parallel ranks")
+        ->capture_default_str();
+    if (!with_sp) return;
+    app.add_flag("--sp", o.train.sp,
+                 "Sequence parallelism with --tp: norms and residuals on chunks of the sequence "
+                 "(all-gather before and reduce-scatter after the split matmuls instead of "
+                 "all-reduces); --seq must divide by --tp");
+  });
 }
 
 namespace {
@@ -312,39 +334,41 @@ std::string check_model_transforms(const Options& o) {
 }
 
 void add_generation_flags(CLI::App& app, Options& o, GivenFlags& given) {
-  app.add_option("--generate-ids", o.generate_ids,
-                 "Generate after these prompt token ids (space or comma separated) with a cache "
-                 "of keys and values, on every rank (sharded like training), and print the new "
-                 "ids")
-      ->delimiter(',');
-  given.generate = app.add_option(
-      "--generate", o.generate_text,
-      "Generate after this text, encoded by --hf-dir's tokenizer.json (a byte-level BPE: "
-      "fsdp/text/tokenizer.h), and print the new ids and their text (with --chat, the text is "
-      "the user's message and the model's chat template is applied; without, give the rendered "
-      "text)");
-  app.add_flag("--chat", o.chat,
-               "--generate's text is the user's turn: --hf-dir's chat template "
-               "(chat_template.jinja or tokenizer_config.json's) renders it, after --system's "
-               "turn, with the assistant's turn opened, as transformers' apply_chat_template("
-               "add_generation_prompt=True) does");
-  app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
-  app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most")
-      ->capture_default_str();
-  app.add_option("--temperature", o.temperature,
-                 "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
-                 "--seed)")
-      ->capture_default_str();
-  app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
-      ->capture_default_str();
-  app.add_option("--top-p", o.top_p,
-                 "Sample among the most likely tokens whose probabilities sum to p (1: all)")
-      ->capture_default_str();
-  app.add_flag("--ignore-eos", o.ignore_eos,
-               "Go on past the end-of-sequence ids (by default generation stops after one, as "
-               "transformers' generate: generation_config.json's, else config.json's)");
-  app.add_flag("--no-cache", o.no_cache,
-               "Generate without the cache: the whole sequence in every forward");
+  trainer::add_section(app, "generation", [&] {
+    app.add_option("--generate-ids", o.generate_ids,
+                   "Generate after these prompt token ids (space or comma separated) with a cache "
+                   "of keys and values, on every rank (sharded like training), and print the new "
+                   "ids")
+        ->delimiter(',');
+    given.generate = app.add_option(
+        "--generate", o.generate_text,
+        "Generate after this text, encoded by --hf-dir's tokenizer.json (a byte-level BPE: "
+        "fsdp/text/tokenizer.h), and print the new ids and their text (with --chat, the text is "
+        "the user's message and the model's chat template is applied; without, give the rendered "
+        "text)");
+    app.add_flag("--chat", o.chat,
+                 "--generate's text is the user's turn: --hf-dir's chat template "
+                 "(chat_template.jinja or tokenizer_config.json's) renders it, after --system's "
+                 "turn, with the assistant's turn opened, as transformers' apply_chat_template("
+                 "add_generation_prompt=True) does");
+    app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
+    app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most")
+        ->capture_default_str();
+    app.add_option("--temperature", o.temperature,
+                   "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
+                   "--seed)")
+        ->capture_default_str();
+    app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
+        ->capture_default_str();
+    app.add_option("--top-p", o.top_p,
+                   "Sample among the most likely tokens whose probabilities sum to p (1: all)")
+        ->capture_default_str();
+    app.add_flag("--ignore-eos", o.ignore_eos,
+                 "Go on past the end-of-sequence ids (by default generation stops after one, as "
+                 "transformers' generate: generation_config.json's, else config.json's)");
+    app.add_flag("--no-cache", o.no_cache,
+                 "Generate without the cache: the whole sequence in every forward");
+  });
 }
 
 bool generating(const Options& o) {
@@ -391,51 +415,6 @@ std::string check_generation(const Options& o, const GivenFlags& given) {
   }
   if (o.train.sp) return "--generate-ids and --sp: one new token does not split over --tp";
   return "";
-}
-
-const trainer::SectionTable& llama_sections() {
-  static const trainer::SectionTable table = {
-      {"hf-dir", "model"},
-      {"config", "model"},
-      {"preset", "model"},
-      {"data-tokens", "data"},
-      {"val-tokens", "data"},
-      {"tokens-dtype", "data"},
-      {"seq", "data"},
-      {"batch", "data"},
-      {"loss-mask", "data"},
-      {"document-start-id", "data"},
-      {"steps", "optimizer"},
-      {"tp", "parallelism"},
-      {"sp", "parallelism"},
-      {"export-hf", "checkpoint"},
-      {"export-dtype", "checkpoint"},
-      {"tokenizer", "checkpoint"},
-      {"max-shard-bytes", "checkpoint"},
-      {"export-adapter", "checkpoint"},
-      {"val-loss-mask", "validation"},
-      {"dump-logits", "validation"},
-      {"count", "validation"},
-      {"lora-rank", "lora"},
-      {"lora-alpha", "lora"},
-      {"lora-dropout", "lora"},
-      {"lora-targets", "lora"},
-      {"lora-adapter", "lora"},
-      {"float8", "float8"},
-      {"float8-skip", "float8"},
-      {"float8-all-gather", "float8"},
-      {"generate-ids", "generation"},
-      {"generate", "generation"},
-      {"chat", "generation"},
-      {"system", "generation"},
-      {"max-new-tokens", "generation"},
-      {"temperature", "generation"},
-      {"top-k", "generation"},
-      {"top-p", "generation"},
-      {"ignore-eos", "generation"},
-      {"no-cache", "generation"},
-  };
-  return table;
 }
 
 }  // namespace llama

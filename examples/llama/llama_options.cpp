@@ -121,7 +121,7 @@ ParseResult parse_options(int argc, char** argv, int world) {
   auto& o = flags.o;
   add_logits_flags(app, o);
   add_generation_flags(app, o, flags.given);
-  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
   const bool read_files = !o.train.plan;  // a plan reads no file of the run it plans
@@ -148,7 +148,7 @@ ParseResult parse_plan_options(int argc, char** argv, int world) {
   TrainingFlags flags;
   flags.add(app, /*with_plan_flag=*/false);
   auto& o = flags.o;
-  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
   o.train.plan = true;
@@ -176,7 +176,7 @@ ParseResult parse_generate_options(int argc, char** argv, int world) {
   add_tp_flags(app, o, /*with_sp=*/false);
   add_generation_flags(app, o, given);
   trainer::add_job_flags(app, o.train);
-  if (auto stop = trainer::parse_flags(app, argc, argv, llama_sections())) {
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
   const auto error = first_error({

@@ -76,34 +76,44 @@ struct Sizes {
   std::optional<int> steps;
 };
 
-// train_minillm's own flags: the model's preset and sizes, the data, the weights in and out.
+// train_minillm's own flags, in their sections: the model's preset and sizes, the data, the
+// weights in and out.
 void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
-  app.add_option("--preset", o.preset, "Sizes to start from")
-      ->check(CLI::IsMember({"cpu-small", "reference"}))
-      ->capture_default_str();
-  app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)");
-  app.add_option("--dim", sizes.dim, "Model width");
-  app.add_option("--layers", sizes.layers, "Transformer blocks");
-  app.add_option("--heads", sizes.heads, "Attention heads (must divide --dim)");
-  app.add_option("--seq", sizes.seq, "Tokens per sequence");
-  app.add_option("--batch", sizes.batch,
-                 "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
-                 "cpu-small, 8 per rank for reference)");
-  app.add_option("--steps", sizes.steps, "Training steps");
-  app.add_option("--data", o.data,
-                 fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
-                             kDefaultTextPath))
-      ->capture_default_str();
-  app.add_option("--export", o.export_path,
-                 "After training, write the whole model to this safetensors file (PyTorch's "
-                 "names)");
-  trainer::add_choice(app, "--export-dtype", o.export_dtype, "fp32 or bf16");
-  app.add_option("--init-from", o.init_from,
-                 "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
-                 "e.g. written by bench/reference/py_minillm.py --save-init)");
-  app.add_flag("--float8", o.model.float8,
-               "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
-               "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");
+  trainer::add_section(app, "model", [&] {
+    app.add_option("--preset", o.preset, "Sizes to start from")
+        ->check(CLI::IsMember({"cpu-small", "reference"}))
+        ->capture_default_str();
+    app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)");
+    app.add_option("--dim", sizes.dim, "Model width");
+    app.add_option("--layers", sizes.layers, "Transformer blocks");
+    app.add_option("--heads", sizes.heads, "Attention heads (must divide --dim)");
+  });
+  trainer::add_section(app, "data", [&] {
+    app.add_option("--seq", sizes.seq, "Tokens per sequence");
+    app.add_option("--batch", sizes.batch,
+                   "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
+                   "cpu-small, 8 per rank for reference)");
+    app.add_option("--data", o.data,
+                   fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
+                               kDefaultTextPath))
+        ->capture_default_str();
+  });
+  trainer::add_section(app, "optimizer",
+                       [&] { app.add_option("--steps", sizes.steps, "Training steps"); });
+  trainer::add_section(app, "checkpoint", [&] {
+    app.add_option("--export", o.export_path,
+                   "After training, write the whole model to this safetensors file (PyTorch's "
+                   "names)");
+    trainer::add_choice(app, "--export-dtype", o.export_dtype, "fp32 or bf16");
+    app.add_option("--init-from", o.init_from,
+                   "Start from the weights in this safetensors file (names as PyTorch's MiniLLM, "
+                   "e.g. written by bench/reference/py_minillm.py --save-init)");
+  });
+  trainer::add_section(app, "float8", [&] {
+    app.add_flag("--float8", o.model.float8,
+                 "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
+                 "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");
+  });
 }
 
 }  // namespace
@@ -120,23 +130,7 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   // betas (0.9, 0.999), weight decay 0.01, a constant learning rate.
   std::string profile_steps;
   trainer::add_train_flags(app, o.train, trainer::TrainDefaults{}, profile_steps);
-  // train_minillm's own flags in their sections (the loop's: trainer::shared_sections).
-  static const trainer::SectionTable sections = {
-      {"preset", "model"},
-      {"vocab", "model"},
-      {"dim", "model"},
-      {"layers", "model"},
-      {"heads", "model"},
-      {"float8", "float8"},
-      {"seq", "data"},
-      {"batch", "data"},
-      {"data", "data"},
-      {"steps", "optimizer"},
-      {"export", "checkpoint"},
-      {"export-dtype", "checkpoint"},
-      {"init-from", "checkpoint"},
-  };
-  if (auto stop = trainer::parse_flags(app, argc, argv, sections)) {
+  if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
   const Preset& p = presets().at(o.preset);

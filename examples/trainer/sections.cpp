@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -10,7 +12,7 @@
 namespace trainer {
 namespace {
 
-// The sections in --help's order, with their titles.
+// The sections and their titles (--help lists the groups in the order the flags were added).
 const std::vector<std::pair<std::string, std::string>>& section_titles() {
   static const std::vector<std::pair<std::string, std::string>> titles = {
       {"job", "Job"},
@@ -35,6 +37,9 @@ std::string title_of(const std::string& section) {
   }
   throw std::logic_error(fmt::format("section '{}' is not one of the trainers' sections", section));
 }
+
+// A flag's long name without dashes ("hf-dir") -> its section ("model").
+using SectionTable = std::map<std::string, std::string>;
 
 // CLI11's TOML reader with the sections checked and then dropped: CLI11 reads a table as a
 // subcommand's flags, while a trainer's sections are one flat set of flags.
@@ -72,80 +77,39 @@ class SectionedToml : public CLI::ConfigTOML {
 
 }  // namespace
 
-const SectionTable& shared_sections() {
-  static const SectionTable table = {
-      {"recipe", "job"},
-      {"seed", "job"},
-      {"threads", "job"},
-      {"comm-timeout", "job"},
-      {"metrics-out", "job"},
-      {"nonfinite", "job"},
-      {"dtype", "model"},
-      {"fused-loss", "model"},
-      {"loss-chunk", "model"},
-      {"activation-checkpointing", "parallelism"},
-      {"init-full-model", "parallelism"},
-      {"no-reshard-after-forward", "parallelism"},
-      {"offload", "parallelism"},
-      {"quantize-all-gather", "parallelism"},
-      {"replicas", "parallelism"},
-      {"lr", "optimizer"},
-      {"warmup", "optimizer"},
-      {"lr-schedule", "optimizer"},
-      {"lr-min", "optimizer"},
-      {"weight-decay", "optimizer"},
-      {"beta1", "optimizer"},
-      {"beta2", "optimizer"},
-      {"optimizer", "optimizer"},
-      {"clip-grad-norm", "optimizer"},
-      {"grad-accum", "optimizer"},
-      {"grad-accum-sync", "optimizer"},
-      {"save-dir", "checkpoint"},
-      {"save-every", "checkpoint"},
-      {"keep", "checkpoint"},
-      {"resume", "checkpoint"},
-      {"eval-every", "validation"},
-      {"eval-only", "validation"},
-      {"eval-batch", "validation"},
-      {"profile-steps", "profiling"},
-      {"profile-dir", "profiling"},
-      {"no-profile-shapes", "profiling"},
-      {"track-host-memory", "profiling"},
-      {"plan", "plan"},
-      {"plan-world", "plan"},
-      {"plan-ranks-per-host", "plan"},
-      {"plan-collectives", "plan"},
-      {"plan-links", "plan"},
-      {"plan-capacity-gib", "plan"},
-      {"plan-json", "plan"},
-      {"plan-search", "plan"},
-  };
-  return table;
+void add_section(CLI::App& app, const std::string& name, const std::function<void()>& add) {
+  const std::string title = title_of(name);
+  const size_t before = app.get_options().size();
+  add();
+  const auto options = app.get_options();
+  for (size_t i = before; i < options.size(); ++i) options[i]->group(title);
 }
 
-void use_sections(CLI::App& app, const SectionTable& table) {
-  SectionTable all = shared_sections();
-  for (const auto& [flag, section] : table) all[flag] = section;
+void use_sections(CLI::App& app) {
   app.set_config("--recipe", "",
                  "A recipe: a TOML file of this program's flags in tables named by their "
                  "sections ([model], [data], [parallelism], ...; recipes/ has examples); a flag "
-                 "given on the command line overrides the recipe's");
-  app.config_formatter(std::make_shared<SectionedToml>(all));
+                 "given on the command line overrides the recipe's")
+      ->group(title_of("job"));
+  SectionTable table;
   std::vector<std::string> missing;
   for (CLI::Option* option : app.get_options()) {
     if (option == app.get_help_ptr() || option->get_lnames().empty()) continue;
     const auto& name = option->get_lnames().front();
-    const auto found = all.find(name);
-    if (found == all.end()) {
+    const auto section =
+        std::find_if(section_titles().begin(), section_titles().end(),
+                     [&](const auto& s) { return s.second == option->get_group(); });
+    if (section == section_titles().end()) {
       missing.push_back("--" + name);
       continue;
     }
-    option->group(title_of(found->second));
+    table[name] = section->first;
   }
   if (!missing.empty()) {
     throw std::logic_error(fmt::format("flags in no section (examples/trainer/sections.h): {}",
                                        fmt::join(missing, ", ")));
   }
+  app.config_formatter(std::make_shared<SectionedToml>(std::move(table)));
 }
 
 }  // namespace trainer

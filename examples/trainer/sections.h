@@ -16,21 +16,20 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <map>
+#include <functional>
 #include <string>
 
 namespace trainer {
 
-// A flag's long name without dashes ("hf-dir") -> its section ("model").
-using SectionTable = std::map<std::string, std::string>;
+// Registers one section's flags: every option `add` puts on `app` joins the section `name` (job,
+// model, data, parallelism, optimizer, checkpoint, validation, lora, float8, profiling, plan or
+// generation): its title is their group in --help, its name their table in a recipe. Throws
+// std::logic_error for a name that is no section.
+void add_section(CLI::App& app, const std::string& name, const std::function<void()>& add);
 
-// The sections of the flags every trainer shares (add_train_flags), and --recipe's.
-const SectionTable& shared_sections();
-
-// Puts every option of `app` in its section by `table` (the program's own flags) and
-// shared_sections(), as its CLI11 group (the section's title in --help), and adds --recipe.
-// Throws std::logic_error naming a flag in no section: a flag added without one fails every run
-// of the program, every test with it, at once.
-void use_sections(CLI::App& app, const SectionTable& table);
+// Adds --recipe (to [job]) and reads recipes by the sections the flags joined. Throws
+// std::logic_error naming every flag added outside add_section: a flag without a section fails
+// every run of the program, every test with it, at once.
+void use_sections(CLI::App& app);
 
 }  // namespace trainer

@@ -35,6 +35,20 @@ void add_memory_flags(CLI::App& app, TrainOptions& o) {
                  "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
                  "replicas consecutive ranks; gradients are all-reduced across replicas")
       ->capture_default_str();
+}
+
+// [job]'s flags of a training run (add_job_flags has those of any run).
+void add_run_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--metrics-out", o.metrics_out,
+                 "Write one JSON object per step (and per validation) to this file");
+  add_choice(app, "--nonfinite", o.nonfinite,
+             "A step whose loss or global gradient norm is NaN or infinite (on any rank): stop "
+             "with an error naming it, skip its optimizer step (counted), or off (no check; "
+             "saves one all-reduce per step)");
+}
+
+// [model]'s flags of a training run: the loss.
+void add_loss_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--fused-loss", o.fused_loss,
                "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
                "logits never exist; the same loss and gradients)");
@@ -72,10 +86,6 @@ void add_optimizer_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--grad-accum-sync", o.grad_accum_sync,
                "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
                "no full gradients kept; more communication)");
-  add_choice(app, "--nonfinite", o.nonfinite,
-             "A step whose loss or global gradient norm is NaN or infinite (on any rank): stop "
-             "with an error naming it, skip its optimizer step (counted), or off (no check; "
-             "saves one all-reduce per step)");
 }
 
 void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
@@ -89,8 +99,6 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--resume", o.resume,
                "Continue from the latest complete checkpoint in --save-dir, saved at any world "
                "size (none there: start from step 0)");
-  app.add_option("--metrics-out", o.metrics_out,
-                 "Write one JSON object per step (and per validation) to this file");
 }
 
 void add_validation_flags(CLI::App& app, TrainOptions& o) {
@@ -118,22 +126,7 @@ void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_st
                "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
 }
 
-}  // namespace
-
-void add_job_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
-  add_choice(app, "--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)");
-  app.add_option("--threads", o.threads,
-                 "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local ranks)")
-      ->capture_default_str();
-  app.add_option("--comm-timeout", o.comm_timeout_s,
-                 "Seconds a collective or the rendezvous may wait for the other ranks before the "
-                 "run fails with an error naming the operation (a dead or stuck rank)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-}
-
-void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
+void add_planner_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
   if (with_plan_flag) {
     app.add_flag("--plan", o.plan,
                  "Print the memory per rank and the communication per step these flags need "
@@ -161,6 +154,30 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
       ->capture_default_str();
 }
 
+}  // namespace
+
+void add_job_flags(CLI::App& app, TrainOptions& o) {
+  add_section(app, "job", [&] {
+    app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
+    app.add_option("--threads", o.threads,
+                   "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local "
+                   "ranks)")
+        ->capture_default_str();
+    app.add_option("--comm-timeout", o.comm_timeout_s,
+                   "Seconds a collective or the rendezvous may wait for the other ranks before "
+                   "the run fails with an error naming the operation (a dead or stuck rank)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+  });
+  add_section(app, "model", [&] {
+    add_choice(app, "--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)");
+  });
+}
+
+void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
+  add_section(app, "plan", [&] { add_planner_flags(app, o, with_plan_flag); });
+}
+
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
                      std::string& profile_steps, bool with_plan_flag) {
   o.lr = defaults.lr;
@@ -168,11 +185,13 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
   o.weight_decay = defaults.weight_decay;
   o.lr_schedule = defaults.lr_schedule;
   add_job_flags(app, o);
-  add_memory_flags(app, o);
-  add_optimizer_flags(app, o);
-  add_checkpoint_flags(app, o);
-  add_validation_flags(app, o);
-  add_profiling_flags(app, o, profile_steps);
+  add_section(app, "job", [&] { add_run_flags(app, o); });
+  add_section(app, "model", [&] { add_loss_flags(app, o); });
+  add_section(app, "parallelism", [&] { add_memory_flags(app, o); });
+  add_section(app, "optimizer", [&] { add_optimizer_flags(app, o); });
+  add_section(app, "checkpoint", [&] { add_checkpoint_flags(app, o); });
+  add_section(app, "validation", [&] { add_validation_flags(app, o); });
+  add_section(app, "profiling", [&] { add_profiling_flags(app, o, profile_steps); });
   add_plan_flags(app, o, with_plan_flag);
 }
 
@@ -315,9 +334,8 @@ std::string check_job(const TrainOptions& o, int world) {
   return "";
 }
 
-std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv,
-                                     const SectionTable& sections) {
-  use_sections(app, sections);
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv) {
+  use_sections(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

@@ -89,16 +89,16 @@ struct TrainDefaults {
   LrSchedule lr_schedule = LrSchedule::constant;
 };
 
-// Registers the loop's flags on `app`, writing into `o` (with `defaults` applied first), one
-// function per section: the job's (add_job_flags), then parallelism and memory, optimizer and
-// schedule, checkpoints, validation, profiling and planning. Sizes the trainer fills from
+// Registers the loop's flags on `app`, writing into `o` (with `defaults` applied first), each in
+// its section (sections.h): job, model (--dtype and the loss), parallelism and memory, optimizer
+// and schedule, checkpoints, validation, profiling and planning. Sizes the trainer fills from
 // presets (--seq, --batch, --steps) are the trainer's to register.
 // `with_plan_flag` false leaves --plan out (fsdp_plan, which always plans).
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
                      std::string& profile_steps, bool with_plan_flag = true);
 
-// The flags of every program that runs a model, training or not (llama_generate too): --seed,
-// --dtype, --threads, --comm-timeout.
+// The flags of every program that runs a model, training or not (llama_generate too): [job]'s
+// --seed, --threads, --comm-timeout and [model]'s --dtype.
 void add_job_flags(CLI::App& app, TrainOptions& o);
 
 // The planning section: --plan (when `with_plan_flag`) and --plan-*.
@@ -107,16 +107,14 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag);
 // What add_job_flags' values and `o.tp` need of the world: the error or "".
 std::string check_job(const TrainOptions& o, int world);
 
-// Parses argv (and the --recipe it names) into `app`'s flags, which `sections` (the program's
-// own) and shared_sections() put in their sections (sections.h). nullopt when the program goes
-// on; otherwise what to print and the exit code: --help's text and 0, or a parse error (with a
-// pointer to --help) and 2.
+// Parses argv (and the --recipe it names) into `app`'s flags, every one added in its section
+// (add_section, sections.h). nullopt when the program goes on; otherwise what to print and the
+// exit code: --help's text and 0, or a parse error (with a pointer to --help) and 2.
 struct ParseStop {
   int exit_code = 0;
   std::string message;
 };
-std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv,
-                                     const SectionTable& sections);
+std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv);
 
 // After parsing: reads --profile-steps and checks every value against the world size; the
 // error (naming the flag, its value and what is expected) or "".
