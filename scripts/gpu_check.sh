@@ -35,7 +35,7 @@
 #                   the trainer at world 2 against world 1
 #   subgroups  150  the Llama trainer on two such ranks: HSDP 2 replicas x 1 shard and 1 x 2,
 #                   tensor parallelism dp 1 x tp 2 with and without --sp, each against world 1
-#                   (fp32 losses, 1e-5), and tp 2's --dump-logits against world 1's (1e-5)
+#                   (fp32 losses, 1e-5), and tp 2's logits against world 1's (1e-5)
 #   lora        70  LoRA in train_llama against PEFT under FSDP2 from the same adapters (fp32
 #                   losses, 1e-5)
 #   llama      300  Llama-3.2-1B's shape (random weights from transformers, seq 2048, batch 4,

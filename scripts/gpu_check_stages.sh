@@ -416,7 +416,7 @@ EOF
 # HSDP's and tensor parallelism's NCCL subgroups (ProcessGroup::split: the first GPU run crashed
 # on every one) in the Llama trainer on two ranks sharing the GPU, against world 1, fp32:
 # 2 replicas x 1 shard, 1 x 2, and dp 1 x tp 2 with and without sequence parallelism (losses,
-# 1e-5); tp 2's --dump-logits against world 1's (1e-5).
+# 1e-5); tp 2's logits against world 1's (1e-5).
 stage_subgroups() {
   STAGE=subgroups
   make_tiny_llama || { detail "could not write the tiny model"; return 1; }
@@ -433,12 +433,12 @@ stage_subgroups() {
     cmp="$(compare_losses "$L/sub_world1.jsonl" "$L/sub_$name.jsonl" 1e-5)" || rc=1
     line+="$name: $cmp; "
   done
-  local dump=(--hf-dir "$L/tiny" --val-tokens "$L/tiny_val.bin" --seq 32 --eval-only --threads 2
-    --count 3)
-  timeout 40 "$FSDP_GPU_BIN/train_llama" "${dump[@]}" --dump-logits "$L/sub_whole.safetensors" \
+  # (llama_dump_logits: the tests' tool, train_llama's model from the same flags.)
+  local dump=(--hf-dir "$L/tiny" --val-tokens "$L/tiny_val.bin" --seq 32 --threads 2)
+  timeout 40 "$FSDP_GPU_BIN/llama_dump_logits" "$L/sub_whole.safetensors" 3 "${dump[@]}" \
     > "$L/sub_dump1.log" 2>&1 || rc=1
-  run_pair sub_dump_tp2 45 "$FSDP_GPU_BIN/train_llama" "${dump[@]}" --tp 2 \
-    --dump-logits "$L/sub_split.safetensors" || rc=1
+  run_pair sub_dump_tp2 45 "$FSDP_GPU_BIN/llama_dump_logits" "$L/sub_split.safetensors" 3 \
+    "${dump[@]}" --tp 2 || rc=1
   local logits
   logits="$("$PYTHON" - "$L/sub_whole.safetensors" "$L/sub_split.safetensors" << 'EOF'
 import sys
@@ -449,7 +449,7 @@ except Exception as e:
     print(f"no logits to compare ({e})")
     sys.exit(1)
 err = ((a - b).abs().max() / a.abs().max()).item()
-print(f"tp2 --dump-logits {list(b.shape)}: rel diff {err:.1e}")
+print(f"tp2 logits {list(b.shape)}: rel diff {err:.1e}")
 sys.exit(0 if a.shape == b.shape and err <= 1e-5 else 1)
 EOF
 )" || rc=1

@@ -100,7 +100,7 @@ std::string deprecations(const Options& o) {
   if (!o.dump_logits.empty()) {
     notice +=
         "warning: train_llama --dump-logits is deprecated and will be removed: it is a test aid "
-        "(tests/models/llama_logits.cpp writes logits from a Hugging Face directory); this run "
+        "(the tests' tests/support/llama_dump_logits.cpp writes them from the same flags); this run "
         "writes them as before\n";
   }
   return notice;

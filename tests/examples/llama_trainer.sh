@@ -48,7 +48,7 @@ again=$(sed -n 's/.*val_loss \([0-9.e+-]*\).*/\1/p' "$tmp/eval.log")
   "$again" "$val" || { echo "FAILED: --eval-only on the export gave $again, training said $val"; fail=1; }
 
 # Tensor parallelism at world 2 (--tp 2: one data-parallel rank): the same training gives the
-# same validation loss (1e-5), and --dump-logits gathers the vocabulary's chunks into the
+# same validation loss (1e-5), and the logits dump gathers the vocabulary's chunks into the
 # logits the unsplit model writes (1e-5).
 "${mpiexec[@]}" -n 2 "${run[@]}" --tp 2 --metrics-out "$tmp/tp.jsonl" --export-hf "$tmp/tp_export" \
   > "$tmp/tp.log" 2>&1 || { cat "$tmp/tp.log"; exit 1; }
@@ -60,17 +60,32 @@ tp_val=$("$py" -c "import json,sys; print([json.loads(l)['val_loss'] for l in op
 # The export of the TP run (each tensor gathered whole, written once): transformers and MLX.
 "$py" "$ref/llama_export_check.py" --hf-dir "$tmp/tp_export" --val-tokens "$tmp/val.bin" --seq 32 \
   --expect "$tp_val" || fail=1
-dump=(--hf-dir "$tmp/model" --val-tokens "$tmp/val.bin" --seq 32 --eval-only --threads 1 --count 3)
-"$bin" "${dump[@]}" --dump-logits "$tmp/whole.safetensors" > /dev/null 2>&1 || fail=1
-"${mpiexec[@]}" -n 2 "$bin" "${dump[@]}" --tp 2 --dump-logits "$tmp/split.safetensors" \
+# (llama_dump_logits, the tests' tool beside train_llama: its model from the same flags.)
+dump=(--hf-dir "$tmp/model" --val-tokens "$tmp/val.bin" --seq 32 --threads 1)
+logits="$(dirname "$bin")/llama_dump_logits"
+"$logits" "$tmp/whole.safetensors" 3 "${dump[@]}" > /dev/null 2>&1 || fail=1
+"${mpiexec[@]}" -n 2 "$logits" "$tmp/split.safetensors" 3 "${dump[@]}" --tp 2 \
   > "$tmp/dump.log" 2>&1 || { cat "$tmp/dump.log"; fail=1; }
 "$py" - "$tmp/whole.safetensors" "$tmp/split.safetensors" <<'PY' || fail=1
 import sys
 from safetensors.torch import load_file
 a, b = (load_file(p)["logits"] for p in sys.argv[1:])
 err = ((a - b).abs().max() / a.abs().max()).item()
-print(f"--tp 2 --dump-logits: shape {list(b.shape)}, relative difference {err:.2e}")
+print(f"--tp 2 logits: shape {list(b.shape)}, relative difference {err:.2e}")
 sys.exit(0 if a.shape == b.shape and err <= 1e-5 else 1)
+PY
+# 0.2.0's way, train_llama --eval-only --dump-logits (deprecated): the same logits, bit for bit,
+# and its deprecation line.
+"$bin" "${dump[@]}" --eval-only --dump-logits "$tmp/old.safetensors" --count 3 > "$tmp/old.log" 2>&1 \
+  || { cat "$tmp/old.log"; fail=1; }
+grep -q "warning: train_llama --dump-logits is deprecated" "$tmp/old.log" \
+  || { echo "FAILED: train_llama --dump-logits printed no deprecation line"; fail=1; }
+"$py" - "$tmp/whole.safetensors" "$tmp/old.safetensors" <<'PY' || fail=1
+import sys
+from safetensors.torch import load_file
+a, b = (load_file(p)["logits"] for p in sys.argv[1:])
+print(f"train_llama --dump-logits (deprecated): the same logits: {bool(a.shape == b.shape and a.equal(b))}")
+sys.exit(0 if a.shape == b.shape and a.equal(b) else 1)
 PY
 
 # Bad input, each refused by name (expect_error: scripts/lib.sh).

@@ -27,7 +27,7 @@ The C++ side runs as
   train_llama --hf-dir --data-tokens --seq --batch --steps --lr --warmup --lr-schedule
               --weight-decay --seed --threads=1 --optimizer=fused-adamw --metrics-out
 under mpiexec -n W (--launcher mpi), scripts/launch.sh --nproc W (gloo) or alone (none, world 1);
---check logits runs train_llama --eval-only --hf-dir --val-tokens --seq --dump-logits OUT --count K
+--check logits runs llama_dump_logits OUT K --hf-dir --val-tokens --seq (beside train_llama: its model)
 and reads the safetensors tensor "logits" [K, seq, vocab] fp32.
 
 --cpp-standin replaces the C++ program with a second reference run, so this script is tested
@@ -210,8 +210,10 @@ def check_logits(a, tmp, hf_dir, train, val, env):
              f"--seq={SEQ}", f"--count={a.count}", f"--out={other_out}", "--framework=mlx"], env)
     else:
         other_name = "fsdp-cpp"
-        run([a.cpp, "--eval-only", f"--hf-dir={hf_dir}", f"{a.cpp_val_flag}={val}", f"--seq={SEQ}",
-             f"--dump-logits={other_out}", f"--count={a.count}", "--threads=1"], env)
+        # The tests' tool beside train_llama: train_llama's model from the same flags.
+        dump = os.path.join(os.path.dirname(a.cpp), "llama_dump_logits")
+        run([dump, other_out, str(a.count), f"--hf-dir={hf_dir}", f"{a.cpp_val_flag}={val}",
+             f"--seq={SEQ}", "--threads=1"], env)
     if not os.path.isfile(other_out):
         sys.exit(f"{other_name} wrote no {other_out}")
     from safetensors.torch import load_file
