@@ -1,7 +1,7 @@
 // The Llama model the flags describe, built and sharded: every decoder layer a fully_shard unit
 // as soon as it is built, then the root, so a rank never holds the whole model (from a Hugging
 // Face directory each rank reads only its rows of every tensor). train_llama, llama_generate
-// and the tests' llama_logits build it so; fsdp_plan describes it to the planner.
+// and the tests' llama_dump_logits build it so; fsdp_plan describes it to the planner.
 #pragma once
 
 #include "fsdp/fsdp.h"

@@ -1,7 +1,7 @@
 // The logits of the first `count` validation windows, written by rank 0 to a safetensors file
 // (tensor "logits", fp32, the whole vocabulary gathered under --tp): train_llama's deprecated
-// --dump-logits, a test aid (the parity tests compare them with transformers'; the tests'
-// tests/models/llama_logits.cpp does the same from a Hugging Face directory on thread ranks).
+// --dump-logits, and the tests' tests/support/llama_dump_logits.cpp, which the parity tests
+// compare with transformers' logits.
 #pragma once
 
 #include <cstdint>

@@ -131,7 +131,7 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   if (!o.val_tokens.empty()) {
     val = std::make_unique<TokenData>(o.val_tokens, o, vocab, o.val_loss_mask);
   }
-  // The deprecated jobs (llama_options.h): the tests' llama_logits, llama_generate.
+  // The deprecated jobs (llama_options.h): the tests' llama_dump_logits, llama_generate.
   if (!o.dump_logits.empty()) {
     llama::write_logits(o.dump_logits, o.count, b, *val, dist);
     return 0;

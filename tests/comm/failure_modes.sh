@@ -98,9 +98,12 @@ for np in 2 4; do
     kill -9 "$victim"
     # The cap's sleep must neither hold the test's output open nor outlive the job: ctest waits
     # for whoever holds the output, and a forgotten sleep kept this test 150 s past its end.
-    ( sleep $((limit + 30)); kill -9 "$job" 2>/dev/null ) > /dev/null 2>&1 & cap=$!
+    # Stopped, the cap ends its sleep and leaves (it must not go on to kill a reused pid).
+    ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+      sleep $((limit + 30)) & nap=$!
+      wait "$nap" && kill -9 "$job" 2>/dev/null ) > /dev/null 2>&1 & cap=$!
     wait "$job"; rc=$?
-    pkill -P "$cap" 2>/dev/null; kill "$cap" 2>/dev/null
+    kill "$cap" 2>/dev/null; wait "$cap" 2>/dev/null
     secs=$(elapsed "$t0")
     log="$tmp/train.log"
     check "trainer $via np$np kill -9" ""
