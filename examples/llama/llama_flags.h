@@ -1,7 +1,7 @@
 // train_llama's, llama_generate's and fsdp_plan's own flags, one function per section (the
 // loop's are trainer/train_options.h's): each registers its section's flags in it
-// (trainer::add_section) and checks their values. A program composes the sections it has (llama_options.cpp); the rules that span
-// sections are there too.
+// (trainer::add_section) and checks their values. A program composes the sections it has
+// (llama_options.cpp); the rules that span sections are there too.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -28,7 +28,8 @@ void add_model_flags(CLI::App& app, Options& o);
 std::string check_model(const Options& o);
 
 // [data]: the token files and masks, --seq, --batch (`batch`: unset means 8 per data-parallel
-// rank), --document-start-id; and [optimizer]'s --steps, [validation]'s --val-loss-mask. `read_files` false (planning) checks no file.
+// rank), --document-start-id; and [optimizer]'s --steps, [validation]'s --val-loss-mask.
+// `read_files` false (planning) checks no file.
 void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch);
 std::string check_data(const Options& o, bool read_files);
 

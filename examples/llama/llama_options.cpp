@@ -100,8 +100,8 @@ std::string deprecations(const Options& o) {
   if (!o.dump_logits.empty()) {
     notice +=
         "warning: train_llama --dump-logits is deprecated and will be removed: it is a test aid "
-        "(the tests' tests/support/llama_dump_logits.cpp writes them from the same flags); this run "
-        "writes them as before\n";
+        "(the tests' tests/support/llama_dump_logits.cpp writes them from the same flags); "
+        "this run writes them as before\n";
   }
   return notice;
 }

@@ -126,34 +126,6 @@ void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_st
                "Count CPU tensor bytes; --metrics-out gets each step's peak (rank 0's)");
 }
 
-void add_planner_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
-  if (with_plan_flag) {
-    app.add_flag("--plan", o.plan,
-                 "Print the memory per rank and the communication per step these flags need "
-                 "(the planner), then exit without training");
-  }
-  app.add_option("--plan-world", o.plan_world,
-                 "World size to plan for (default: the launched one)");
-  app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
-                 "Ranks per machine, consecutive (0: all on one machine)")
-      ->capture_default_str();
-  app.add_option("--plan-collectives", o.plan_collectives,
-                 "Measured collective times (collectives_bench --table) instead of --plan-links");
-  app.add_option("--plan-links", o.plan_links,
-                 "INTRA,INTER,LATENCY: bus bandwidth in GB/s within and between machines and "
-                 "microseconds per collective (default: typical H200 NVLink and 400 Gb/s "
-                 "InfiniBand figures, assumed)")
-      ->capture_default_str();
-  app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
-                 "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
-  app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
-  app.add_option("--plan-search", o.plan_search,
-                 "Also print this many of the best layouts of --plan-world ranks (replicas x "
-                 "shards x tensor-parallel degree, TP within a host) that fit "
-                 "--plan-capacity-gib, by communication per step")
-      ->capture_default_str();
-}
-
 }  // namespace
 
 void add_job_flags(CLI::App& app, TrainOptions& o) {
@@ -175,7 +147,34 @@ void add_job_flags(CLI::App& app, TrainOptions& o) {
 }
 
 void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
-  add_section(app, "plan", [&] { add_planner_flags(app, o, with_plan_flag); });
+  add_section(app, "plan", [&] {
+    if (with_plan_flag) {
+      app.add_flag("--plan", o.plan,
+                   "Print the memory per rank and the communication per step these flags need "
+                   "(the planner), then exit without training");
+    }
+    app.add_option("--plan-world", o.plan_world,
+                   "World size to plan for (default: the launched one)");
+    app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
+                   "Ranks per machine, consecutive (0: all on one machine)")
+        ->capture_default_str();
+    app.add_option("--plan-collectives", o.plan_collectives,
+                   "Measured collective times (collectives_bench --table) instead of --plan-links");
+    app.add_option("--plan-links", o.plan_links,
+                   "INTRA,INTER,LATENCY: bus bandwidth in GB/s within and between machines and "
+                   "microseconds per collective (default: typical H200 NVLink and 400 Gb/s "
+                   "InfiniBand figures, assumed)")
+        ->capture_default_str();
+    app.add_option(
+        "--plan-capacity-gib", o.plan_capacity_gib,
+        "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
+    app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
+    app.add_option("--plan-search", o.plan_search,
+                   "Also print this many of the best layouts of --plan-world ranks (replicas x "
+                   "shards x tensor-parallel degree, TP within a host) that fit "
+                   "--plan-capacity-gib, by communication per step")
+        ->capture_default_str();
+  });
 }
 
 void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaults,
