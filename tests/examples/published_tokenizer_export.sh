@@ -63,11 +63,12 @@ tar xzf "$sdist" -C "$conv" --strip-components=3 "$vendor/convert_hf_to_gguf.py"
 PYTHONPATH="$conv/gguf-py:$conv" "$py" "$conv/convert_hf_to_gguf.py" "$tmp/out" --outtype f32 \
   --outfile "$tmp/model.gguf" > "$tmp/convert.log" 2>&1 || { tail -20 "$tmp/convert.log"; fail=1; }
 if grep -q "not recognized" "$tmp/convert.log"; then echo "FAILED: the converter did not recognize the tokenizer"; fail=1; fi
-PYTHONPATH="$conv/gguf-py" "$py" - "$tmp/model.gguf" <<'PY' || fail=1
-import sys, gguf
-r = gguf.GGUFReader(sys.argv[1])
-pre = r.fields["tokenizer.ggml.pre"].contents()
-n = len(r.fields["tokenizer.ggml.tokens"].data)
+PYTHONPATH="$ref" "$py" - "$tmp/model.gguf" <<'PY' || fail=1
+import sys
+from published_tokenizers_check import read_gguf_fields
+fields = read_gguf_fields(sys.argv[1])
+pre = fields["tokenizer.ggml.pre"]
+n = len(fields["tokenizer.ggml.tokens"])
 print(f"llama.cpp's converter: tokenizer.ggml.pre {pre!r}, {n} tokens")
 sys.exit(0 if pre == "llama-bpe" and n == 128256 else 1)
 PY
