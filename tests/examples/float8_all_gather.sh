@@ -21,7 +21,7 @@ fail=0
 run() {  # name ranks extra-args...
   local name=$1 np=$2
   shift 2
-  "${mpiexec[@]}" -n "$np" "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --seq 32 \
+  "${mpiexec[@]}" -n "$np" "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --seq 16 \
     --batch 6 --steps 4 --lr 1e-2 --threads 1 --float8 --float8-skip k_proj \
     --metrics-out "$tmp/$name.jsonl" "$@" > "$tmp/$name.log" 2>&1 ||
     { echo "FAILED: $name"; tail -5 "$tmp/$name.log"; fail=1; return 1; }
