@@ -2,7 +2,7 @@
 // reports it: busbw = bytes x (n - 1) / n / time (all-reduce: 2 (n - 1) / n), where bytes is
 // the full (gathered / unreduced / reduced) buffer. Compare with the machine's memory copy
 // bandwidth, printed first. --table FILE appends op,ranks,bytes,seconds rows: the measured
-// times the planner interpolates (train_minillm --plan --plan-collectives FILE).
+// times the planner interpolates (fsdp_plan minillm --plan-collectives FILE).
 //   mpirun -np N build/bin/collectives_bench [--backend mpi]     (processes)
 //   build/bin/collectives_bench --backend local --world N         (thread ranks)
 #include <ATen/Parallel.h>

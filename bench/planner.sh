@@ -19,7 +19,7 @@ fsdp_scratch
   echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for layout in "8 1" "8 2" "8 4" "8 8" "64 1" "64 8" "64 16" "64 64"; do
     read -r world replicas <<< "$layout"
-    "$build/bin/train_minillm" --preset reference --dtype bf16 --plan --plan-world "$world" \
+    "$build/bin/fsdp_plan" minillm --preset reference --dtype bf16 --plan-world "$world" \
       --replicas "$replicas" --plan-ranks-per-host 8 --plan-json "$tmp/p.json" > /dev/null
     python3 - "$tmp/p.json" <<'PY'
 import json, sys

@@ -144,7 +144,8 @@ ParseResult parse_plan_options(int argc, char** argv, int world) {
       "communication per step that train_llama's flags (or --recipe) need at --plan-world ranks "
       "(default: the launched world, 1 when run alone), and with --plan-search the best layouts. "
       "Give the train_llama run's flags without --plan; the files they name need not exist "
-      "here, only the model's config.json (or --preset)."};
+      "here, only the model's config.json (or --preset). fsdp_plan minillm FLAGS plans a "
+      "train_minillm run."};
   TrainingFlags flags;
   flags.add(app, /*with_plan_flag=*/false);
   auto& o = flags.o;

@@ -116,35 +116,42 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
   });
 }
 
-}  // namespace
-
-ParseResult parse_options(int argc, char** argv, int world_size) {
-  CLI::App app{
-      "Train MiniLLM with fsdp (fully sharded data parallel) on CPU or GPU ranks.\n"
-      "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
-      "scripts/launch.sh --nproc N."};
+// train_minillm's flags, or with `plan_program` fsdp_plan minillm's (the same without --plan).
+ParseResult parse(int argc, char** argv, int world_size, bool plan_program) {
+  CLI::App app{plan_program
+                   ? "Plan a MiniLLM training run without running it: the memory per rank and the "
+                     "communication per step that train_minillm's flags (or --recipe) need at "
+                     "--plan-world ranks (default: the launched world, 1 when run alone), and "
+                     "with --plan-search the best layouts. Give the train_minillm run's flags "
+                     "without --plan."
+                   : "Train MiniLLM with fsdp (fully sharded data parallel) on CPU or GPU ranks.\n"
+                     "Launch: mpirun -np N, torchrun --no-python --nproc-per-node N, or "
+                     "scripts/launch.sh --nproc N. fsdp_plan minillm plans a run."};
   Options o;
   Sizes sizes;
   add_minillm_flags(app, o, sizes);
   // The loop's flags. MiniLLM keeps the PyTorch FSDP2 example's optimizer: AdamW(lr 3e-4),
   // betas (0.9, 0.999), weight decay 0.01, a constant learning rate.
   std::string profile_steps;
-  trainer::add_train_flags(app, o.train, trainer::TrainDefaults{}, profile_steps);
+  trainer::add_train_flags(app, o.train, trainer::TrainDefaults{}, profile_steps,
+                           /*with_plan_flag=*/!plan_program);
   if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
+  auto& t = o.train;
+  const bool deprecated_plan = t.plan;
+  if (plan_program) t.plan = true;
   const Preset& p = presets().at(o.preset);
   o.model.vocab = sizes.vocab.value_or(p.model.vocab);
   o.model.dim = sizes.dim.value_or(p.model.dim);
   o.model.layers = sizes.layers.value_or(p.model.layers);
   o.model.heads = sizes.heads.value_or(p.model.heads);
-  auto& t = o.train;
   t.seq = sizes.seq.value_or(p.seq);
   if (t.plan && t.plan_world < 0) {
     return {std::nullopt, 2,
             fmt::format("error: --plan-world must be positive, got {}", t.plan_world), ""};
   }
-  // --plan describes another world than the one launched (usually one process).
+  // A plan describes another world than the one launched (usually one process).
   if (t.plan && t.plan_world > 0) world_size = t.plan_world;
   t.plan_world = world_size;
   t.batch = sizes.batch.value_or(p.batch_per_rank * world_size);
@@ -152,7 +159,21 @@ ParseResult parse_options(int argc, char** argv, int world_size) {
   for (const auto& err : {trainer::finish_train_options(t, profile_steps, world_size), check(o)}) {
     if (!err.empty()) return {std::nullopt, 2, "error: " + err, ""};
   }
-  return {o, 0, "", ""};
+  const char* notice =
+      deprecated_plan ? "warning: train_minillm --plan is deprecated: fsdp_plan minillm takes the "
+                        "same flags without --plan (this run plans as before)\n"
+                      : "";
+  return {o, 0, "", notice};
+}
+
+}  // namespace
+
+ParseResult parse_options(int argc, char** argv, int world_size) {
+  return parse(argc, argv, world_size, /*plan_program=*/false);
+}
+
+ParseResult parse_plan_options(int argc, char** argv, int world_size) {
+  return parse(argc, argv, world_size, /*plan_program=*/true);
 }
 
 }  // namespace minillm

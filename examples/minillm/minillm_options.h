@@ -8,6 +8,7 @@
 
 #include "fsdp/models/minillm.h"
 #include "train_options.h"
+#include "trainer_plan.h"
 
 namespace minillm {
 
@@ -27,12 +28,19 @@ struct ParseResult {
   std::optional<Options> options;
   int exit_code = 0;
   std::string message;
-  std::string notice;  // deprecation lines (none today)
+  std::string notice;  // deprecation lines (train_minillm --plan's)
 };
 
 // Parses argv. Presets fill every size flag the user did not give. `world_size` (from the
 // launch environment) is needed to check that the global batch splits over the ranks.
 ParseResult parse_options(int argc, char** argv, int world_size);
+
+// `fsdp_plan minillm`'s flags: train_minillm's without --plan (the options always plan).
+ParseResult parse_plan_options(int argc, char** argv, int world_size);
+
+// What the planner needs of the model `o` describes (trainer_plan.h). The result refers to `o`,
+// which must outlive it.
+trainer::PlanModel plan_model(const Options& o);
 
 // The text file `--data auto` reads: present on every Debian machine (package base-files).
 inline constexpr const char* kDefaultTextPath = "/usr/share/common-licenses/GPL-3";

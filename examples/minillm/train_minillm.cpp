@@ -7,13 +7,11 @@
 
 #include "fsdp/fsdp.h"
 #include "fsdp/models/minillm.h"
-#include "fsdp/models/minillm_plan.h"
 #include "loop.h"
 #include "minillm_options.h"
 #include "move_unsharded.h"
 #include "shard_options.h"
 #include "text_data.h"
-#include "trainer_plan.h"
 
 namespace {
 
@@ -59,26 +57,6 @@ fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distri
   return root;
 }
 
-trainer::PlanModel plan_model(const Options& o) {
-  trainer::PlanModel m;
-  m.describe = fmt::format("MiniLLM vocab {} dim {} layers {} heads {}", o.model.vocab, o.model.dim,
-                           o.model.layers, o.model.heads);
-  m.units = [&o](int64_t sequences, int compute_bytes, bool checkpointed, int tp) {
-    if (tp > 1) throw fsdp::InvalidArgument("MiniLLM has no tensor parallelism");
-    mm::PlanShape shape;
-    shape.model = o.model;
-    shape.seq = o.train.seq;
-    shape.batch_per_rank = sequences;
-    shape.compute_bytes = compute_bytes;
-    shape.activation_checkpointing = checkpointed;
-    return mm::plan_units(shape);
-  };
-  m.transient_bytes = [&o](int64_t tokens, int) {
-    return mm::loss_transient_bytes(o.model, tokens);
-  };
-  return m;
-}
-
 int run(const Options& o, const fsdp::LaunchInfo& launch) {
   auto dist = trainer::start_job(o.train, launch);
   const auto mesh = fsdp::make_device_mesh(dist.group, o.train.replicas);
@@ -119,6 +97,6 @@ int main(int argc, char** argv) {
   Options options;
   return trainer::trainer_main(
       argc, argv, trainer::parse_into(options, minillm::parse_options),
-      [&] { return trainer::run_plan(options.train, plan_model(options)); },
+      [&] { return trainer::run_plan(options.train, minillm::plan_model(options)); },
       [&](const fsdp::LaunchInfo& launch) { return run(options, launch); });
 }

@@ -3,7 +3,9 @@
 # step's loss to 1e-5, also with the training features on (accumulation without sync,
 # activation checkpointing, the whole-model start-up), as 2 replicas (hybrid sharding) and with
 # CPU offload (--offload all, --offload optimizer: on this machine the host is the device, the
-# same copies run); with the quantized all-gather near them; the loss falls; and bad flags exit non-zero with a message naming them.
+# same copies run); with the quantized all-gather near them; the loss falls; bad flags exit
+# non-zero with a message naming them; and fsdp_plan minillm (the program beside it) prints the
+# plan of train_minillm's flags, as the deprecated train_minillm --plan still does.
 #   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -103,5 +105,23 @@ fi
   || { echo "--nonfinite skip failed:"; cat "$tmp/skip.log"; fail=1; }
 grep -q "skipped 5 of 6 optimizer steps" "$tmp/skip.log" \
   || { echo "missing skip count:"; cat "$tmp/skip.log"; fail=1; }
+# Planning: fsdp_plan minillm FLAGS is 0.2.0's train_minillm FLAGS --plan, byte for byte on
+# stdout; the old way also warns on stderr, naming the new program.
+planner="$(dirname "$bin")/fsdp_plan"
+plan=(--preset reference --dtype bf16 --plan-world 64 --replicas 8 --plan-ranks-per-host 8)
+"$planner" minillm "${plan[@]}" > "$tmp/plan.log" 2> "$tmp/plan.err" || { cat "$tmp/plan.err"; fail=1; }
+"$bin" "${plan[@]}" --plan > "$tmp/old_plan.log" 2> "$tmp/old_plan.err" || { cat "$tmp/old_plan.err"; fail=1; }
+if grep -qE 'total \(peak\) +[0-9.]+ GiB' "$tmp/plan.log" && cmp -s "$tmp/plan.log" "$tmp/old_plan.log" &&
+  grep -q "warning: train_minillm --plan is deprecated: fsdp_plan minillm" "$tmp/old_plan.err" &&
+  [ ! -s "$tmp/plan.err" ]; then
+  echo "fsdp_plan minillm: $(grep -E 'total \(peak\)' "$tmp/plan.log" | tr -s ' '), the same as train_minillm --plan (deprecated, says so)"
+else
+  echo "FAILED: fsdp_plan minillm and train_minillm --plan differ, or the deprecation line is missing"
+  diff "$tmp/plan.log" "$tmp/old_plan.log" | head; cat "$tmp/plan.err" "$tmp/old_plan.err"; fail=1
+fi
+expect_error "fsdp_plan gpt2: unknown model; expected llama" "$planner" gpt2 --preset x
+expect_error "The following argument was not expected: --plan" "$planner" minillm --plan
+expect_error "--heads must divide --dim" "$planner" minillm --dim 64 --heads 5
+
 [ "$fail" -eq 0 ] && echo "minillm smoke: passed"
 exit "$fail"

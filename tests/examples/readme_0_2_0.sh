@@ -116,6 +116,7 @@ fi
 run README:276 0 'build/bin/train_minillm --preset reference --dtype bf16 --plan --plan-world 64 --replicas 8 \
     --plan-ranks-per-host 8'
 expect_line README:276 'total \(peak\) +14\.82[0-9] GiB'
+expect_line README:276 'train_minillm --plan is deprecated: fsdp_plan minillm'
 run README:305 0 'build/bin/train_llama --preset llama3-70b --dtype bf16 --seq 4096 --batch 64 \
     --activation-checkpointing --plan --plan-world 64 --replicas 8 --plan-ranks-per-host 8'
 expect_line README:305 'total \(peak\) +163\.41[0-9] GiB'

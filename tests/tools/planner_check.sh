@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner against measured runs on this machine, at worlds 1, 2 and 4 (and 2 x 2 hybrid).
 # Each world trains MiniLLM with --track-host-memory (every CPU tensor counted) and asks --plan
-# about the same flags. Memory: the plan's total against rank 0's peak of CPU tensor bytes per
+# about the same flags (fsdp_plan minillm). Memory: the plan's total against rank 0's peak of CPU tensor bytes per
 # step (median of the steps after the first two), within 10%: tensor bytes are deterministic
 # (the same ops allocate the same tensors), so ctest checks them.
 #
@@ -26,6 +26,7 @@ mpiexec=("$@")
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 fsdp_scratch
 fsdp_one_thread
+planner="$(dirname "$bin")/fsdp_plan"  # fsdp_plan minillm: the plan of train_minillm's flags
 table="$tmp/collectives.csv"
 if [ "$comm" -eq 1 ]; then
   for np in 2 4; do
@@ -47,7 +48,7 @@ fi
 for layout in "1 1" "2 1" "4 1" "4 2"; do
   read -r world replicas <<< "$layout"
   run=("$bin" "${args[@]}" --batch $((2 * world)) --replicas "$replicas")
-  "${run[@]}" --seq 128 --plan --plan-world "$world" "${plan_comm[@]}" --plan-json "$tmp/plan.json" \
+  "$planner" minillm "${run[@]:1}" --seq 128 --plan-world "$world" "${plan_comm[@]}" --plan-json "$tmp/plan.json" \
     > "$tmp/plan.log" 2>&1 || { cat "$tmp/plan.log"; exit 1; }
   launch=()
   [ "$world" -gt 1 ] && launch=("${mpiexec[@]}" -n "$world")
