@@ -7,6 +7,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "support/build_lock.h"
+
 namespace fsdp::testing {
 
 EdgeBlockImpl::EdgeBlockImpl(int index, int64_t dim, int64_t hidden, std::shared_ptr<Probe> probe)
@@ -54,15 +56,8 @@ at::Tensor EdgeNetImpl::forward(const at::Tensor& x) {
 
 at::Tensor EdgeNetImpl::encode(const at::Tensor& x) { return in(x); }
 
-namespace {
-std::mutex& build_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-}  // namespace
-
 EdgeNet build_edge_net(const EdgeSpec& spec, std::shared_ptr<Probe> probe) {
-  std::lock_guard<std::mutex> lock(build_mutex());  // threads share libtorch's generator
+  std::lock_guard<std::mutex> lock(model_build_mutex());  // threads share libtorch's generator
   torch::manual_seed(spec.seed);
   EdgeNet net(spec, std::move(probe));
   if (spec.edit) spec.edit(*net);

@@ -7,6 +7,8 @@
 #include <limits>
 #include <mutex>
 
+#include "support/build_lock.h"
+
 namespace fsdp::testing {
 
 LocalGroupOptions test_options() {
@@ -24,16 +26,13 @@ int64_t expected_shard_bytes(TinyLM& model, int world, int rank) {
   return bytes;
 }
 
-namespace {
-// Thread ranks share libtorch's global generator: build one model at a time.
-std::mutex& build_mutex() {
+std::mutex& model_build_mutex() {
   static std::mutex mu;
   return mu;
 }
-}  // namespace
 
 TinyLM build_model(const TrainSpec& spec) {
-  std::lock_guard<std::mutex> lock(build_mutex());
+  std::lock_guard<std::mutex> lock(model_build_mutex());
   torch::manual_seed(spec.seed);
   TinyLM model(spec.model);
   if (spec.edit_model) spec.edit_model(model);
@@ -44,7 +43,7 @@ TinyLM build_model(const TrainSpec& spec) {
 Unit<TinyLM> build_sharded_by_block(const TrainSpec& spec, const ProcessGroupPtr& pg,
                                     TinyLM& model) {
   FullyShardOptions options{spec.mp, spec.reshard_after_forward};
-  std::lock_guard<std::mutex> lock(build_mutex());  // fully_shard does not communicate
+  std::lock_guard<std::mutex> lock(model_build_mutex());  // fully_shard does not communicate
   torch::manual_seed(spec.seed);
   model = TinyLM(spec.model, [&](int64_t, Unit<fsdp::models::minillm::TransformerBlock>& block) {
     fully_shard(block, pg, options);
