@@ -43,7 +43,9 @@ std::string check(const Options& o) {
   if (o.train.resume && !o.init_from.empty()) {
     return "--resume and --init-from both set the weights: give one";
   }
-  if (o.data != "auto" && o.data != "synthetic") {
+  // A plan reads no file of the run it plans: the run may be for another machine.
+  const bool read_files = !o.train.plan;
+  if (read_files && o.data != "auto" && o.data != "synthetic") {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(o.data, ec)) {
       return fmt::format("--data {}: no such file (expected a text file, 'synthetic' or 'auto')",
@@ -54,7 +56,7 @@ std::string check(const Options& o) {
                          o.train.seq);
     }
   }
-  if (!o.init_from.empty()) {
+  if (read_files && !o.init_from.empty()) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(o.init_from, ec)) {
       return fmt::format("--init-from {}: no such file (expected a safetensors file)", o.init_from);

@@ -1,5 +1,6 @@
-// Command-line options of train_minillm: the model's sizes and presets, its data and weights,
-// and the training loop's flags (trainer/train_options.h).
+// Command-line options of train_minillm (and of fsdp_plan minillm, which plans its runs): the
+// model's sizes and presets, its data and weights, and the training loop's flags
+// (trainer/train_options.h).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +36,8 @@ struct ParseResult {
 // launch environment) is needed to check that the global batch splits over the ranks.
 ParseResult parse_options(int argc, char** argv, int world_size);
 
-// `fsdp_plan minillm`'s flags: train_minillm's without --plan (the options always plan).
+// `fsdp_plan minillm`'s flags: train_minillm's without --plan (the options always plan). Like
+// train_minillm --plan, it checks no file the flags name (--data, --init-from).
 ParseResult parse_plan_options(int argc, char** argv, int world_size);
 
 // What the planner needs of the model `o` describes (trainer_plan.h). The result refers to `o`,

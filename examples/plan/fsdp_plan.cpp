@@ -39,7 +39,7 @@ int plan_minillm(int argc, char** argv) {
 int main(int argc, char** argv) {
   // The model comes first when named; the flags after it are its trainer's.
   if (argc < 2 || argv[1][0] == '-') return plan_llama(argc, argv);
-  const std::string_view model = argv[1];
+  const std::string_view model = argv[1];  // views the original argument, which stays
   // The rest parses as the trainer's command line, under the name its usage line shows.
   std::string name = fmt::format("{} {}", argv[0], model);
   argv[1] = name.data();

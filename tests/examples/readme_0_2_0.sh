@@ -11,7 +11,7 @@
 # launchers with "..." for the flags).
 #  - Each ends as it did: 0, or the kill the checkpoint walkthrough injects, then its resume.
 #  - What moved prints its deprecation line naming the new program (train_llama --plan:
-#    fsdp_plan).
+#    fsdp_plan; train_minillm --plan: fsdp_plan minillm).
 #  - The plans print 0.2.0's figures (its tables' totals per GPU).
 #  - The fine-tune chain exports a model transformers evaluates to the trainer's val_loss.
 #  - A resume from the killed run repeats its losses.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The planner against measured runs on this machine, at worlds 1, 2 and 4 (and 2 x 2 hybrid).
-# Each world trains MiniLLM with --track-host-memory (every CPU tensor counted) and asks --plan
-# about the same flags (fsdp_plan minillm). Memory: the plan's total against rank 0's peak of CPU tensor bytes per
-# step (median of the steps after the first two), within 10%: tensor bytes are deterministic
-# (the same ops allocate the same tensors), so ctest checks them.
+# Each world trains MiniLLM with --track-host-memory (every CPU tensor counted) and asks
+# fsdp_plan minillm about the same flags. Memory: the plan's total against rank 0's peak of CPU
+# tensor bytes per step (median of the steps after the first two), within 10%: tensor bytes
+# are deterministic (the same ops allocate the same tensors), so ctest checks them.
 #
 # --comm also reports communication, never as a verdict (bench/planner.sh does this for
 # bench/RESULTS.md): collectives_bench measures the collectives' times here first (its table is
@@ -18,6 +18,7 @@
 # asserts them; calls and bytes of every collective are checked exactly by
 # tests/tools/test_planner.cpp.
 #   planner_check.sh [--comm COLLECTIVES_BENCH] TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
+# (fsdp_plan is the program beside TRAIN_MINILLM, as the build puts it.)
 set -uo pipefail
 comm=0
 if [ "${1:-}" = "--comm" ]; then comm=1; bench="$2"; shift 2; fi
