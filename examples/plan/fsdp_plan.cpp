@@ -18,20 +18,23 @@
 
 namespace {
 
-int plan_llama(int argc, char** argv) {
-  llama::Options options;
+// One model's plan: its trainer's flags parsed by `parse` (which always plans), then `plan`.
+template <class Options, class Parse, class Plan>
+int plan_run(int argc, char** argv, Parse parse, Plan plan) {
+  Options options;
   return trainer::trainer_main(
-      argc, argv, trainer::parse_into(options, llama::parse_plan_options),
-      [&] { return llama::plan(options); },
-      [](const fsdp::LaunchInfo&) { return 0; });  // parse_plan_options always plans
+      argc, argv, trainer::parse_into(options, parse), [&] { return plan(options); },
+      [](const fsdp::LaunchInfo&) { return 0; });  // never reached: the options always plan
+}
+
+int plan_llama(int argc, char** argv) {
+  return plan_run<llama::Options>(argc, argv, llama::parse_plan_options, llama::plan);
 }
 
 int plan_minillm(int argc, char** argv) {
-  minillm::Options options;
-  return trainer::trainer_main(
-      argc, argv, trainer::parse_into(options, minillm::parse_plan_options),
-      [&] { return trainer::run_plan(options.train, minillm::plan_model(options)); },
-      [](const fsdp::LaunchInfo&) { return 0; });  // parse_plan_options always plans
+  return plan_run<minillm::Options>(
+      argc, argv, minillm::parse_plan_options,
+      [](const minillm::Options& o) { return trainer::run_plan(o.train, minillm::plan_model(o)); });
 }
 
 }  // namespace

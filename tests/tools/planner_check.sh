@@ -48,9 +48,10 @@ else
 fi
 for layout in "1 1" "2 1" "4 1" "4 2"; do
   read -r world replicas <<< "$layout"
-  run=("$bin" "${args[@]}" --batch $((2 * world)) --replicas "$replicas")
-  "$planner" minillm "${run[@]:1}" --seq 128 --plan-world "$world" "${plan_comm[@]}" --plan-json "$tmp/plan.json" \
-    > "$tmp/plan.log" 2>&1 || { cat "$tmp/plan.log"; exit 1; }
+  flags=("${args[@]}" --batch $((2 * world)) --replicas "$replicas")
+  run=("$bin" "${flags[@]}")
+  "$planner" minillm "${flags[@]}" --seq 128 --plan-world "$world" "${plan_comm[@]}" \
+    --plan-json "$tmp/plan.json" > "$tmp/plan.log" 2>&1 || { cat "$tmp/plan.log"; exit 1; }
   launch=()
   [ "$world" -gt 1 ] && launch=("${mpiexec[@]}" -n "$world")
   "${launch[@]}" "${run[@]}" --seq 128 --track-host-memory --metrics-out "$tmp/m.jsonl" \
