@@ -57,9 +57,11 @@ def run(rank, world, port, result):
 if __name__ == "__main__":
     world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     port = free_port()
-    result = mp.get_context("spawn").SimpleQueue()
+    # Forked ranks share this process's imports (spawned ones import torch again, seconds each on
+    # a small machine); nothing here has run a tensor operation, so no thread pool is lost.
+    result = mp.get_context("fork").SimpleQueue()
     try:
-        mp.spawn(run, args=(world, port, result), nprocs=world)
+        mp.start_processes(run, args=(world, port, result), nprocs=world, start_method="fork")
     except mp.ProcessExitedException as e:
         # gloo's teardown in torch 2.11 occasionally aborts at exit, after the result is out.
         if result.empty():

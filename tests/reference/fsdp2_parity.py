@@ -67,7 +67,7 @@ def main():
                                  "--optimizer=fused-adamw"] + (["--float8"] if a.float8 else [])
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
-                  f"--port={free_port()}", f"--replicas={a.replicas}"] + common,
+                  f"--port={free_port()}", f"--replicas={a.replicas}", "--start-method=fork"] + common,
                  env, "RESULT ")
         py_losses = [float(line.split()[3]) for line in py.splitlines() if line.startswith("step ")]
 

@@ -117,6 +117,20 @@ def hf_config(hf_dir):
     return cfg
 
 
+def spawn_ranks(worker, args, world, preload=()):
+    """Runs worker(rank, *args) in `world` processes forked from this one, and waits for them.
+    Forked, not spawned: a spawned rank imports torch and transformers again (about 4 s of CPU
+    each on a 2-core machine), a forked one shares this process's. `preload` names the modules
+    the ranks use, imported here first. Safe because nothing here has run a tensor operation yet:
+    no intra-op thread pool exists to be lost by the fork (the parity tests' references each
+    fork before touching data)."""
+    import importlib
+    import torch.multiprocessing as mp
+    for name in preload:
+        importlib.import_module(name)
+    mp.start_processes(worker, args=args, nprocs=world, start_method="fork")
+
+
 def load_transformers(hf_dir):
     """LlamaForCausalLM in fp32 with PyTorch's scaled_dot_product_attention (transformers' sdpa)."""
     hf_config(hf_dir)

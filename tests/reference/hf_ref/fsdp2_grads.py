@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import Fail, add_tokens_dtype, batch_rows, free_port, hf_config, load_transformers, \
-    read_tokens
+    read_tokens, spawn_ranks
 
 
 def grads_worker(rank, world, a, result):
@@ -54,9 +54,10 @@ def run(a):
         raise Fail(f"--world must be >= 2 and divide --batch {a.batch}")
     a.port = a.port or free_port()
     import torch.multiprocessing as mp
-    result = mp.get_context("spawn").SimpleQueue()
+    result = mp.get_context("fork").SimpleQueue()
     try:
-        mp.spawn(grads_worker, args=(a.world, a, result), nprocs=a.world)
+        spawn_ranks(grads_worker, (a.world, a, result), a.world,
+                    ["torch.distributed.fsdp", "transformers.models.llama.modeling_llama"])
     except mp.ProcessExitedException as e:
         if result.empty():
             raise

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .common import TOKENIZER_FILES, Fail, add_tokens_dtype, batch_rows, check_vocab, \
     convert_float8, free_port, hf_config, load_peft, load_transformers, lr_at, packed_arguments, \
-    read_tokens, transformers_logits, val_loss
+    read_tokens, spawn_ranks, transformers_logits, val_loss
 
 
 def param_groups(named, weight_decay):
@@ -248,9 +248,12 @@ def run(a):
         train_worker(0, 1, a, None)
     else:
         import torch.multiprocessing as mp
-        done = mp.get_context("spawn").SimpleQueue()
+        done = mp.get_context("fork").SimpleQueue()
+        preload = ["torch.distributed.fsdp", "transformers.models.llama.modeling_llama"]
+        preload += ["peft"] if a.lora_adapter else []
+        preload += ["torchao.float8"] if a.float8 else []
         try:
-            mp.spawn(train_worker, args=(a.world, a, done), nprocs=a.world)
+            spawn_ranks(train_worker, (a.world, a, done), a.world, preload)
         except mp.ProcessExitedException as e:
             # gloo's teardown in torch 2.11 occasionally aborts at exit, after results are out.
             if done.empty():
