@@ -64,6 +64,30 @@ fsdp_one_thread() {
   export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 }
 
+# fsdp_pyfork [MODULE...]: makes "$py" (the venv's Python) start in a fraction of a second: a
+# server started here imports torch, transformers' Llama and tokenizers (and the MODULEs: peft,
+# mlx_lm, ...) once, in the background, and $py becomes $tmp/pyfork/python, which runs each
+# program in a fork of it (scripts/pyfork.py says how, and when it runs the ordinary way
+# instead). Call it after fsdp_scratch and fsdp_one_thread: the server keeps the environment it
+# starts with. The server stops when the script exits.
+fsdp_pyfork() {
+  local real="$py" sock="$tmp/pyfork/sock"
+  mkdir -p "$tmp/pyfork"
+  rm -f "$sock"  # a kept scratch folder (KEEP_TMP) may hold the last run's
+  "$real" "$FSDP_ROOT/scripts/pyfork.py" serve "$sock" numpy torch safetensors.torch \
+    transformers.models.llama.modeling_llama transformers.models.auto.tokenization_auto "$@" \
+    < /dev/null > "$tmp/pyfork/server.log" 2>&1 &
+  fsdp_on_exit "kill $! 2> /dev/null"
+  # It listens before it imports (callers queue meanwhile): wait for that, at most 5 s (a caller
+  # that finds no server runs the ordinary python).
+  local i
+  for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+  printf '#!/bin/sh\nexec "%s" -S "%s" run "%s" "%s" "$@"\n' "$real" \
+    "$FSDP_ROOT/scripts/pyfork.py" "$sock" "$real" > "$tmp/pyfork/python"
+  chmod +x "$tmp/pyfork/python"
+  py="$tmp/pyfork/python"
+}
+
 # expect_error NEEDLE COMMAND...: COMMAND must exit non-zero and print NEEDLE (a fixed string,
 # not a pattern) on stdout or stderr. Prints "refused: <the line>" when it does; otherwise
 # "FAILED: ..." with what it printed, sets fail=1 and returns 1. Its log is $tmp/expect_error.log.

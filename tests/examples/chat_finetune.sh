@@ -15,6 +15,7 @@ root="$FSDP_ROOT"
 ref="$root/tests/reference"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork
 fail=0
 
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/model" --vocab-size 600 \

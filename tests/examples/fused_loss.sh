@@ -13,6 +13,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 root="$FSDP_ROOT"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork
 fail=0
 for tied in "" "--tied"; do
   "$py" "$root/tests/reference/hf_llama.py" make-tiny --out "$tmp/model${tied:+_tied}" --vocab 1001 \

@@ -17,6 +17,7 @@ root="$FSDP_ROOT"
 ref="$root/tests/reference"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork mlx_lm
 fail=0
 
 # A tiny GQA model (vocab 1001: uneven shards at world 2), and token files of a random walk

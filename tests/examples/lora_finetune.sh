@@ -25,6 +25,7 @@ root="$FSDP_ROOT"
 ref="$root/tests/reference"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork peft mlx_lm
 fail=0
 
 "$py" "$ref/make_chat_tokenizer.py" --out "$tmp/tok" --vocab-size 600 \

@@ -18,6 +18,7 @@ root="$FSDP_ROOT"
 ref="$root/tests/reference"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork
 fail=0
 
 "$py" "$ref/published_tokenizers_check.py" --sdist "$sdist" --write-dir llama-bpe "$tmp/tok" || exit 1

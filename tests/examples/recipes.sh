@@ -19,6 +19,7 @@ ref="$root/tests/reference"
 recipes="$root/recipes"
 fsdp_scratch
 fsdp_one_thread
+fsdp_pyfork
 fail=0
 planner="$(dirname "$bin")/fsdp_plan"
 

@@ -1,0 +1,210 @@
+"""A fork server for Python programs that import torch and transformers: the tests' judges.
+
+On a 2-core machine `python hf_llama.py make-tiny ...` spends about 4.5 s importing torch and
+transformers before it does a few milliseconds of work, and a shell test runs a dozen such
+programs. `serve` imports those modules once; each `run` then forks that process and runs one
+program in the fork, with the caller's own stdin, stdout and stderr (passed over a Unix socket),
+arguments, working directory and environment, and exits with the program's status. This is
+multiprocessing's forkserver idea applied to whole programs.
+
+  python pyfork.py serve SOCKET [MODULE ...]     import the modules, then serve on SOCKET
+  python -S pyfork.py run SOCKET PYTHON ARGS...  run `PYTHON ARGS...` in a fork of the server
+
+ARGS are what python takes: a script and its arguments, `-c CODE ...`, `- ...` (the code on
+stdin) or `-m MODULE ...`. `run` falls back to executing PYTHON itself (the ordinary way, same
+result, no saving) when no server answers, or when the caller's environment differs from the
+server's in a variable read when a module is imported (the thread counts, MKL's and ATen's
+processor pins, Python's own): a fork cannot change what an import already read.
+
+Why a fork is safe here: the server runs no tensor operation, so it holds no intra-op thread
+pool (a fork keeps only the forking thread) and no other thread (it checks: a server whose
+imports started one runs every program the ordinary way); each program runs in its own fork,
+which exits when the program does. A caller that dies (a test's timeout) takes its program
+down with it: the program's supervisor sees the socket close and kills it.
+"""
+import json, os, select, signal, socket, struct, sys
+
+# Variables read when torch, MKL or Python start: a program whose values differ runs as usual.
+IMPORT_TIME = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
+               "ATEN_CPU_CAPABILITY", "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH",
+               "LD_PRELOAD", "FSDP_PYLOG")
+
+
+def thread_count():
+    """This process's threads (1 where /proc does not say). A thread that imports started (an
+    OpenMP or OpenBLAS pool: numpy starts one unless OPENBLAS_NUM_THREADS=1) would be missing
+    from every fork, which could hang waiting for it: a process with more than one does not fork
+    programs, they run the ordinary way."""
+    task = "/proc/self/task"
+    return len(os.listdir(task)) if os.path.isdir(task) else 1
+
+
+def send_message(conn, obj, fds=()):
+    data = json.dumps(obj).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(data)) + data], list(fds))
+
+
+def recv_message(conn):
+    """One message and the file descriptors sent with it (at most 3)."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    if len(data) < 4:
+        raise ConnectionError("short message")
+    size = struct.unpack("!I", data[:4])[0]
+    data = data[4:]
+    while len(data) < size:
+        more = conn.recv(size - len(data))
+        if not more:
+            raise ConnectionError("short message")
+        data += more
+    return json.loads(data), fds
+
+
+# ------------------------------------------------------------------------- the program's side
+
+def run_program(args):
+    """Runs python's ARGS in this process as `python ARGS` would, and returns its exit status.
+    torch's generator is seeded anew, as a new process's is, whatever this process drew from it."""
+    import runpy, traceback
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    try:
+        if not args or args[0] == "-":
+            code = sys.stdin.read()
+            sys.argv = ["-"] + args[1:]
+            sys.path.insert(0, "")
+            exec(compile(code, "<stdin>", "exec"), {"__name__": "__main__"})
+        elif args[0] == "-c":
+            sys.argv = ["-c"] + args[2:]
+            sys.path.insert(0, "")
+            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+        elif args[0] == "-m":
+            sys.argv = [args[1]] + args[2:]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+        return 0
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code & 0xFF
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException:  # as python prints an uncaught exception, and exits 1
+        traceback.print_exc()
+        return 1
+
+
+def serve_one(conn, request, fds):
+    """The supervisor (a fork of the server): forks the program, waits for it, sends its status.
+    Kills the program if the caller goes away first."""
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        os.setsid()  # its own process group: the supervisor can stop what it started, too
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        status = run_program(request["args"])
+        try:
+            import atexit
+            atexit._run_exitfuncs()  # what python runs at exit (os._exit below would skip it)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    for fd in fds:
+        os.close(fd)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        readable, _, _ = select.select([conn], [], [], 0.05)
+        if readable and not conn.recv(1, socket.MSG_PEEK):  # the caller closed: stop the program
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+    code = os.waitstatus_to_exitcode(status)
+    send_message(conn, {"status": code if code >= 0 else 128 - code})
+
+
+def serve(path, modules):
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(64)  # callers wait in the backlog while the imports below run
+    import importlib
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not installed here: the programs that use it import it (and fail)
+            pass
+    env = {k: os.environ.get(k) for k in IMPORT_TIME}
+    threads = thread_count()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+    parent = os.getppid()
+    server.settimeout(2)
+    while True:
+        try:
+            conn, _ = server.accept()
+        except socket.timeout:
+            if os.getppid() != parent:  # the script that started it is gone (killed: no cleanup)
+                return
+            continue
+        conn.settimeout(None)
+        try:
+            request, fds = recv_message(conn)
+        except (ConnectionError, ValueError, OSError):
+            conn.close()
+            continue
+        if threads > 1 or any(request["env"].get(k) != v for k, v in env.items()):
+            send_message(conn, {"refused": "threads" if threads > 1 else "environment"})
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            continue
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its program
+            try:
+                serve_one(conn, request, fds)
+            finally:
+                os._exit(0)
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------------- the caller's side
+
+def run(path, python, args):
+    """Runs `python args` in a fork of the server at `path`; the ordinary way when none answers."""
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        send_message(conn, {"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+        reply, _ = recv_message(conn)
+    except (OSError, ConnectionError, ValueError):
+        reply = {"refused": "no server"}
+    if "status" in reply:
+        sys.exit(reply["status"])
+    os.execv(python, [python] + args)
+
+
+def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "serve":
+        serve(sys.argv[2], sys.argv[3:])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "run":
+        run(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        sys.exit(__doc__.split("\n\n")[2])
+
+
+if __name__ == "__main__":
+    main()
