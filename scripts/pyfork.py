@@ -27,7 +27,7 @@ import json, os, select, signal, socket, struct, sys
 # Variables read when torch, MKL or Python start: a program whose values differ runs as usual.
 IMPORT_TIME = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
                "ATEN_CPU_CAPABILITY", "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH",
-               "LD_PRELOAD", "FSDP_PYLOG")
+               "LD_PRELOAD")
 
 
 def thread_count():
