@@ -71,7 +71,8 @@ fsdp_one_thread() {
 # instead). Call it after fsdp_scratch and fsdp_one_thread: the server keeps the environment it
 # starts with. The server stops when the script exits.
 fsdp_pyfork() {
-  local real="$py" sock="$tmp/pyfork/sock"
+  local real sock="$tmp/pyfork/sock"
+  real="$(realpath -s "$(command -v "$py")")"  # absolute (the fallback execs it), links kept
   mkdir -p "$tmp/pyfork"
   rm -f "$sock"  # a kept scratch folder (KEEP_TMP) may hold the last run's
   "$real" "$FSDP_ROOT/scripts/pyfork.py" serve "$sock" numpy torch safetensors.torch \
@@ -82,7 +83,7 @@ fsdp_pyfork() {
   # that finds no server runs the ordinary python).
   local i
   for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
-  printf '#!/bin/sh\nexec "%s" -S "%s" run "%s" "%s" "$@"\n' "$real" \
+  printf '#!/usr/bin/env bash\nexec %q -S %q run %q %q "$@"\n' "$real" \
     "$FSDP_ROOT/scripts/pyfork.py" "$sock" "$real" > "$tmp/pyfork/python"
   chmod +x "$tmp/pyfork/python"
   py="$tmp/pyfork/python"

@@ -26,8 +26,10 @@ import json, os, select, signal, socket, struct, sys
 
 # Variables read when torch, MKL or Python start: a program whose values differ runs as usual.
 IMPORT_TIME = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
-               "ATEN_CPU_CAPABILITY", "PYTHONPATH", "PYTHONHASHSEED", "LD_LIBRARY_PATH",
-               "LD_PRELOAD")
+               "ATEN_CPU_CAPABILITY", "KMP_AFFINITY", "OMP_PROC_BIND", "LD_LIBRARY_PATH",
+               "LD_PRELOAD", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
+               "PYTHONUNBUFFERED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL",
+               "LC_CTYPE", "HF_HOME", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "TRANSFORMERS_OFFLINE")
 
 
 def thread_count():
@@ -61,67 +63,100 @@ def recv_message(conn):
 
 # ------------------------------------------------------------------------- the program's side
 
-def run_program(args):
-    """Runs python's ARGS in this process as `python ARGS` would, and returns its exit status.
-    torch's generator is seeded anew, as a new process's is, whatever this process drew from it."""
-    import runpy, traceback
+def fresh_state():
+    """What a new interpreter would not share with this process: torch's, numpy's and random's
+    generators are seeded anew (each from the operating system, as a new process's are)."""
+    import random
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()
+
+
+def run_program(args):
+    """Runs python's ARGS in this process as `python ARGS` would, and returns its exit status
+    (after what python does at exit: waiting for non-daemon threads, the atexit handlers, and
+    120 when flushing stdout fails)."""
+    import atexit, runpy, threading, traceback, types
+    fresh_state()
     try:
-        if not args or args[0] == "-":
-            code = sys.stdin.read()
-            sys.argv = ["-"] + args[1:]
-            sys.path.insert(0, "")
-            exec(compile(code, "<stdin>", "exec"), {"__name__": "__main__"})
-        elif args[0] == "-c":
-            sys.argv = ["-c"] + args[2:]
-            sys.path.insert(0, "")
-            exec(compile(args[1], "<string>", "exec"), {"__name__": "__main__"})
+        if args[0] in ("-", "-c"):
+            code = sys.stdin.read() if args[0] == "-" else args[1]
+            sys.argv = [args[0]] + args[1 if args[0] == "-" else 2:]
+            sys.path[0] = ""
+            main = types.ModuleType("__main__")  # a module of its own, as python's __main__ is
+            main.__builtins__ = __builtins__
+            sys.modules["__main__"] = main
+            exec(compile(code, "<stdin>" if args[0] == "-" else "<string>", "exec"), main.__dict__)
         elif args[0] == "-m":
             sys.argv = [args[1]] + args[2:]
-            sys.path.insert(0, os.getcwd())
+            sys.path[0] = os.getcwd()
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
             runpy.run_path(args[0], run_name="__main__")
-        return 0
+        status = 0
     except SystemExit as e:
         if e.code is None:
-            return 0
-        if isinstance(e.code, int):
-            return e.code & 0xFF
-        print(e.code, file=sys.stderr)
-        return 1
+            status = 0
+        elif isinstance(e.code, int):
+            status = e.code & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
     except BaseException:  # as python prints an uncaught exception, and exits 1
         traceback.print_exc()
-        return 1
+        status = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except Exception:
+        status = 120
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+    return status
 
 
-def serve_one(conn, request, fds):
-    """The supervisor (a fork of the server): forks the program, waits for it, sends its status.
-    Kills the program if the caller goes away first."""
-    pid = os.fork()
-    if pid == 0:
-        conn.close()
+def start_program(request, fds):
+    """In the program's process: the caller's streams, directory, environment, umask and
+    signals, then the program. Never returns."""
+    status = 1
+    try:
         os.setsid()  # its own process group: the supervisor can stop what it started, too
+        import ctypes
+        # It dies with its supervisor (PR_SET_PDEATHSIG): never a program left running unseen.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
+        os.umask(request["umask"])
         os.environ.clear()
         os.environ.update(request["env"])
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # A background job's shell ignores these; python's program gets its defaults.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         status = run_program(request["args"])
-        try:
-            import atexit
-            atexit._run_exitfuncs()  # what python runs at exit (os._exit below would skip it)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(status)
+    finally:
+        os._exit(status)
+
+
+def serve_one(conn, request, fds):
+    """The supervisor (a fork of the server): forks the program, says so, waits for it, sends
+    its status. Kills the program if the caller goes away first."""
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        start_program(request, fds)
     for fd in fds:
         os.close(fd)
+    send_message(conn, {"started": pid})  # from here on the caller must not run it again
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -143,7 +178,7 @@ def serve(path, modules):
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError:  # not installed here: the programs that use it import it (and fail)
+        except Exception:  # not installed (or broken) here: the programs that use it import it
             pass
     env = {k: os.environ.get(k) for k in IMPORT_TIME}
     threads = thread_count()
@@ -169,6 +204,8 @@ def serve(path, modules):
             for fd in fds:
                 os.close(fd)
             continue
+        sys.stdout.flush()
+        sys.stderr.flush()
         if os.fork() == 0:
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # it waits for its program
@@ -184,14 +221,25 @@ def serve(path, modules):
 # ---------------------------------------------------------------------------- the caller's side
 
 def run(path, python, args):
-    """Runs `python args` in a fork of the server at `path`; the ordinary way when none answers."""
-    try:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(path)
-        send_message(conn, {"args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
-        reply, _ = recv_message(conn)
-    except (OSError, ConnectionError, ValueError):
-        reply = {"refused": "no server"}
+    """Runs `python args` in a fork of the server at `path`; the ordinary way when none answers
+    before the program starts. Python's own options (-u, -W, -X, ...) run the ordinary way."""
+    reply = {"refused": "options"}
+    if args and (args[0] in ("-", "-c", "-m") or not args[0].startswith("-")):
+        try:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(path)
+            umask = os.umask(0)
+            os.umask(umask)
+            send_message(conn, {"args": args, "cwd": os.getcwd(), "env": dict(os.environ),
+                                "umask": umask}, [0, 1, 2])
+            reply, _ = recv_message(conn)
+        except (OSError, ConnectionError, ValueError):
+            reply = {"refused": "no server"}
+        if "started" in reply:  # it runs: its status, or 1 if the supervisor is gone
+            try:
+                reply, _ = recv_message(conn)
+            except (OSError, ConnectionError, ValueError):
+                reply = {"status": 1}
     if "status" in reply:
         sys.exit(reply["status"])
     os.execv(python, [python] + args)

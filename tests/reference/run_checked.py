@@ -62,9 +62,9 @@ def run_forked(cmd, env, timeout):
                 os.dup2(err.fileno(), 2)
                 os.environ.clear()
                 os.environ.update(env)
+                import atexit
+                atexit._clear()  # this script's exit handlers are not the program's
                 status = pyfork.run_program(cmd[1:])
-                sys.stdout.flush()
-                sys.stderr.flush()
             finally:
                 os._exit(status)
         deadline = time.monotonic() + timeout

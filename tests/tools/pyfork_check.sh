@@ -36,6 +36,11 @@ check "stdout, arguments" "['-c', 'a', 'b c']" "$("$py" -c "import sys; print(sy
 check "stdout and stderr apart" "out" "$("$py" -c "import sys; print('out'); print('err', file=sys.stderr)" 2> /dev/null)"
 check "stdin" "42" "$(echo 42 | "$py" -c "import sys; print(sys.stdin.readline().strip())")"
 check "- mode: the program on stdin" "['-', 'x']" "$(echo 'import sys; print(sys.argv)' | "$py" - x)"
+check "-c's code is a __main__ module of its own (its classes pickle)" "ok" \
+  "$("$py" -c "import pickle
+class A: pass
+pickle.dumps(A()); print('ok')")"
+check "python's own options (-u) run the ordinary way" "u 2" "$("$py" -u -c "import sys; print('u', end=' '); sys.exit(2)"; echo $?)"
 mkdir -p "$tmp/pkg/mod" && printf 'import sys\nprint("module", sys.argv[1:])\n' > "$tmp/pkg/mod/__main__.py"
 check "-m mode, working directory" "module ['y']" "$(cd "$tmp/pkg" && "$py" -m mod y)"
 printf 'import os, sys\nprint(__name__, os.path.basename(sys.argv[0]), sys.argv[1:], os.environ.get("FSDP_X"))\nsys.exit(5)\n' > "$tmp/prog.py"
