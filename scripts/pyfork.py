@@ -17,9 +17,10 @@ server's in a variable read when a module is imported (the thread counts, MKL's 
 processor pins, Python's own): a fork cannot change what an import already read.
 
 Why a fork is safe here: the server runs no tensor operation, so it holds no intra-op thread
-pool (a fork keeps only the forking thread) and no other thread (it checks: a server whose
-imports started one runs every program the ordinary way); each program runs in its own fork,
-which exits when the program does. A caller that dies (a test's timeout) takes its program
+pool (a fork keeps only the forking thread) and no other thread but numpy's OpenBLAS pool,
+which OpenBLAS stops before a fork itself (it checks: a server whose imports started another
+runs every program the ordinary way); each program runs in its own fork, which exits when the
+program does. A caller that dies (a test's timeout) takes its program
 down with it: the program's supervisor sees the socket close and kills it.
 """
 import json, os, select, signal, socket, struct, sys
@@ -33,10 +34,7 @@ IMPORT_TIME = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MK
 
 
 def thread_count():
-    """This process's threads (1 where /proc does not say). A thread that imports started (an
-    OpenMP or OpenBLAS pool: numpy starts one unless OPENBLAS_NUM_THREADS=1) would be missing
-    from every fork, which could hang waiting for it: a process with more than one does not fork
-    programs, they run the ordinary way."""
+    """This process's threads (1 where /proc does not say)."""
     task = "/proc/self/task"
     return len(os.listdir(task)) if os.path.isdir(task) else 1
 
@@ -175,13 +173,20 @@ def serve(path, modules):
     server.bind(path)
     server.listen(64)  # callers wait in the backlog while the imports below run
     import importlib
-    for name in modules:
+    # A thread the imports started would be missing from every fork, which could hang waiting
+    # for it (an OpenMP pool): a server with one runs every program the ordinary way. The one
+    # exception is numpy's OpenBLAS pool (numpy starts it unless OPENBLAS_NUM_THREADS=1), which
+    # OpenBLAS itself stops before a fork (pthread_atfork) and a fork starts anew when it needs it.
+    allowed = 1
+    for name in sorted(modules, key=lambda m: m != "numpy"):
         try:
             importlib.import_module(name)
         except Exception:  # not installed (or broken) here: the programs that use it import it
             pass
+        if name == "numpy":
+            allowed = thread_count()
     env = {k: os.environ.get(k) for k in IMPORT_TIME}
-    threads = thread_count()
+    threads_ok = thread_count() <= allowed
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
     parent = os.getppid()
     server.settimeout(2)
@@ -198,8 +203,8 @@ def serve(path, modules):
         except (ConnectionError, ValueError, OSError):
             conn.close()
             continue
-        if threads > 1 or any(request["env"].get(k) != v for k, v in env.items()):
-            send_message(conn, {"refused": "threads" if threads > 1 else "environment"})
+        if not threads_ok or any(request["env"].get(k) != v for k, v in env.items()):
+            send_message(conn, {"refused": "environment" if threads_ok else "threads"})
             conn.close()
             for fd in fds:
                 os.close(fd)

@@ -11,7 +11,7 @@ order within a page), in one scratch directory. Its commands are the lines that 
 (continued by lines ending in "\"), run one after another with bash in a scratch directory that
 sees the repository's `scripts/`, `tests/`, `examples/` and `bench/` and the build as `build/`,
 with the Python environment's `bin/` first on PATH (so `python` is the venv's, as the pages
-say). What follows a command up to the next one is what it printed: the page shows a selection
+say; scripts/pyfork.py starts it in a fraction of a second: start_pyfork). What follows a command up to the next one is what it printed: the page shows a selection
 of the lines (and "..." where it leaves some out). A block without "$ " lines shows the output
 of the command the marker names (`cmd=...`, words joined by "+": the quick start's
 `scripts/run_example.sh`).
@@ -49,10 +49,12 @@ exists: no install, no build).
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose blocks run, in this order (paths from ROOT). A block may read what an earlier
@@ -255,6 +257,34 @@ def scratch_dir(build):
     return work
 
 
+def start_pyfork(work, env, python):
+    """The pages' `python` commands start in a fraction of a second instead of seconds: a
+    scripts/pyfork.py server (torch, transformers and MLX imported once) runs each in a fork of
+    itself, through a `python` first on the commands' PATH: the same interpreter, arguments,
+    streams and environment (one whose import-time variables differ runs the ordinary way).
+    Returns the server."""
+    folder = os.path.join(work, ".pyfork")
+    os.makedirs(folder)
+    sock = os.path.join(folder, "sock")
+    script = os.path.join(ROOT, "scripts", "pyfork.py")
+    server = subprocess.Popen(
+        [python, script, "serve", sock, "numpy", "torch", "safetensors.torch",
+         "transformers.models.llama.modeling_llama", "transformers.models.auto.tokenization_auto",
+         "mlx_lm"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    wrapper = os.path.join(folder, "python")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\nexec {shlex.quote(python)} -S {shlex.quote(script)} run "
+                f"{shlex.quote(sock)} {shlex.quote(python)} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    env["PATH"] = folder + os.pathsep + env["PATH"]
+    for _ in range(50):  # it listens before it imports; a command finding no server runs as usual
+        if os.path.exists(sock):
+            break
+        time.sleep(0.1)
+    return server
+
+
 def run(command, work, env):
     print(f"$ {command}", flush=True)
     m = re.fullmatch(r"export((?:\s+\w+=\S+)+)\s*", command)
@@ -332,6 +362,7 @@ def main():
     # earlier one wrote (roofline reads profile's trace, tensor-parallel the walkthrough's model),
     # as a reader following the pages would.
     work = scratch_dir(args.build)
+    server = start_pyfork(work, env, os.path.abspath(args.python))
     try:
         for name in names:
             block = blocks[name]
@@ -362,6 +393,7 @@ def main():
                         changed[block.page] = changed.get(block.page, 0) + 1
             problems.extend(f"{p} ({block.page})" for p in relations(name, block_printed))
     finally:
+        server.kill()
         shutil.rmtree(work, ignore_errors=True)
     if args.mode == "update":
         for page, count in changed.items():

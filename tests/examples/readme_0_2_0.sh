@@ -25,6 +25,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
 root="$FSDP_ROOT"
 fsdp_scratch
 fsdp_one_thread
+torchrun="$(dirname "$py")/torchrun"
+fsdp_pyfork  # the python below is scripts/pyfork.py's: the same programs, started in a fork
 fail=0
 
 # The commands run in a folder laid out as the README assumes: the repository's scripts/ and
@@ -41,7 +43,6 @@ chmod +x "$tmp/path/python"
 real_mpirun="$(command -v mpirun)" || { echo "no mpirun on PATH"; exit 1; }
 printf '#!/usr/bin/env bash\nexec %s %s "$@"\n' "$real_mpirun" "${FSDP_MPIRUN[*]:1}" > "$tmp/path/mpirun"
 chmod +x "$tmp/path/mpirun"
-torchrun="$(dirname "$py")/torchrun"
 export PATH="$tmp/path:$PATH"
 cd "$tmp" || exit 1
 
@@ -85,7 +86,7 @@ if [ -x "$torchrun" ]; then
   run README:88 0 'torchrun --no-python --nproc-per-node 2 build/bin/train_minillm'
   expect_line README:88 '^done: loss'
 else
-  echo "skipped README:88: no torchrun beside $py"
+  echo "skipped README:88: no $torchrun"
 fi
 run README:89 0 'build/bin/train_minillm --dtype bf16 --data synthetic --steps 50'
 expect_line README:89 '^done: loss'
