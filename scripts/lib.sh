@@ -75,18 +75,15 @@ fsdp_pyfork() {
   real="$(realpath -s "$(command -v "$py")")"  # absolute (the fallback execs it), links kept
   mkdir -p "$tmp/pyfork"
   rm -f "$sock"  # a kept scratch folder (KEEP_TMP) may hold the last run's
-  "$real" "$FSDP_ROOT/scripts/pyfork.py" serve "$sock" numpy torch safetensors.torch \
-    transformers.models.llama.modeling_llama transformers.models.auto.tokenization_auto "$@" \
+  "$real" "$FSDP_ROOT/scripts/pyfork.py" serve "$sock" "$@" \
     < /dev/null > "$tmp/pyfork/server.log" 2>&1 &
   fsdp_on_exit "kill $! 2> /dev/null"
-  # It listens before it imports (callers queue meanwhile): wait for that, at most 5 s (a caller
-  # that finds no server runs the ordinary python).
+  # It writes $tmp/pyfork/python and listens before it imports (callers queue meanwhile): wait
+  # for that, at most 5 s (a caller that finds no server runs the ordinary python).
   local i
   for i in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
-  printf '#!/usr/bin/env bash\nexec %q -S %q run %q %q "$@"\n' "$real" \
-    "$FSDP_ROOT/scripts/pyfork.py" "$sock" "$real" > "$tmp/pyfork/python"
-  chmod +x "$tmp/pyfork/python"
   py="$tmp/pyfork/python"
+  [ -x "$py" ] || py="$real"
 }
 
 # expect_error NEEDLE COMMAND...: COMMAND must exit non-zero and print NEEDLE (a fixed string,

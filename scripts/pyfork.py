@@ -7,8 +7,11 @@ program in the fork, with the caller's own stdin, stdout and stderr (passed over
 arguments, working directory and environment, and exits with the program's status. This is
 multiprocessing's forkserver idea applied to whole programs.
 
-  python pyfork.py serve SOCKET [MODULE ...]     import the modules, then serve on SOCKET
+  python pyfork.py serve SOCKET [MODULE ...]     import COMMON and the modules, serve on SOCKET
   python -S pyfork.py run SOCKET PYTHON ARGS...  run `PYTHON ARGS...` in a fork of the server
+
+`serve` first writes `python` beside SOCKET: a script that runs `run` with the server's own
+interpreter, to call (or put first on PATH) instead of that interpreter.
 
 ARGS are what python takes: a script and its arguments, `-c CODE ...`, `- ...` (the code on
 stdin) or `-m MODULE ...`. `run` falls back to executing PYTHON itself (the ordinary way, same
@@ -24,6 +27,10 @@ program does. A caller that dies (a test's timeout) takes its program
 down with it: the program's supervisor sees the socket close and kills it.
 """
 import json, os, select, signal, socket, struct, sys
+
+# What the tests' judges import: the server imports these, and the modules it is given.
+COMMON = ("numpy", "torch", "safetensors.torch", "transformers.models.llama.modeling_llama",
+          "transformers.models.auto.tokenization_auto")
 
 # Variables read when torch, MKL or Python start: a program whose values differ runs as usual.
 IMPORT_TIME = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
@@ -168,7 +175,19 @@ def serve_one(conn, request, fds):
     send_message(conn, {"status": code if code >= 0 else 128 - code})
 
 
+def write_wrapper(path):
+    """Writes `python` beside the socket at `path`: `run` through this server, falling back to
+    this interpreter (sys.executable, a virtual environment's own path)."""
+    import shlex
+    wrapper = os.path.join(os.path.dirname(os.path.abspath(path)), "python")
+    q = [shlex.quote(x) for x in (sys.executable, os.path.abspath(__file__), path)]
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nexec {q[0]} -S {q[1]} run {q[2]} {q[0]} "$@"\n')
+    os.chmod(wrapper, 0o755)
+
+
 def serve(path, modules):
+    write_wrapper(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)  # callers wait in the backlog while the imports below run
@@ -178,7 +197,7 @@ def serve(path, modules):
     # exception is numpy's OpenBLAS pool (numpy starts it unless OPENBLAS_NUM_THREADS=1), which
     # OpenBLAS itself stops before a fork (pthread_atfork) and a fork starts anew when it needs it.
     allowed = 1
-    for name in sorted(modules, key=lambda m: m != "numpy"):
+    for name in sorted(COMMON + tuple(modules), key=lambda m: m != "numpy"):
         try:
             importlib.import_module(name)
         except Exception:  # not installed (or broken) here: the programs that use it import it

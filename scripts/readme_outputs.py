@@ -49,7 +49,6 @@ exists: no install, no build).
 import argparse
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -260,28 +259,20 @@ def scratch_dir(build):
 def start_pyfork(work, env, python):
     """The pages' `python` commands start in a fraction of a second instead of seconds: a
     scripts/pyfork.py server (torch, transformers and MLX imported once) runs each in a fork of
-    itself, through a `python` first on the commands' PATH: the same interpreter, arguments,
-    streams and environment (one whose import-time variables differ runs the ordinary way).
-    Returns the server."""
+    itself, through the `python` it writes, first on the commands' PATH: the same interpreter,
+    arguments, streams and environment (one whose import-time variables differ runs the ordinary
+    way). Returns the server."""
     folder = os.path.join(work, ".pyfork")
     os.makedirs(folder)
     sock = os.path.join(folder, "sock")
-    script = os.path.join(ROOT, "scripts", "pyfork.py")
-    server = subprocess.Popen(
-        [python, script, "serve", sock, "numpy", "torch", "safetensors.torch",
-         "transformers.models.llama.modeling_llama", "transformers.models.auto.tokenization_auto",
-         "mlx_lm"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    wrapper = os.path.join(folder, "python")
-    with open(wrapper, "w") as f:
-        f.write(f"#!/bin/sh\nexec {shlex.quote(python)} -S {shlex.quote(script)} run "
-                f"{shlex.quote(sock)} {shlex.quote(python)} \"$@\"\n")
-    os.chmod(wrapper, 0o755)
-    env["PATH"] = folder + os.pathsep + env["PATH"]
+    server = subprocess.Popen([python, os.path.join(ROOT, "scripts", "pyfork.py"), "serve", sock,
+                               "mlx_lm"], env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(50):  # it listens before it imports; a command finding no server runs as usual
         if os.path.exists(sock):
             break
         time.sleep(0.1)
+    env["PATH"] = folder + os.pathsep + env["PATH"]
     return server
 
 
