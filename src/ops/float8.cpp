@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include "ops/float8_cast.h"
 #include "util/check.h"
 
 namespace fsdp::ops {
@@ -13,14 +14,6 @@ using torch::autograd::variable_list;
 
 double float8_max(at::ScalarType dtype) {
   return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;  // torch.finfo(...).max
-}
-
-// `data` [m, k] (float8) with zero rows after it up to a multiple of 16.
-at::Tensor pad_rows(const at::Tensor& data) {
-  const int64_t m = data.size(0), padded = (m + 15) / 16 * 16;
-  auto out = at::zeros({padded, data.size(1)}, data.options().dtype(at::kByte));
-  out.narrow(0, 0, m).copy_(data.contiguous().view(at::kByte));
-  return out.view(data.scalar_type());
 }
 
 // torchao's is_row_major: the stride of rows above that of columns.
@@ -36,13 +29,12 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   };
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const Scale& scale) {
-    const auto& gathered_scale = scale.gathered;
     ctx->save_for_backward({x, weight});
-    const auto x8 = to_float8(x, at::kFloat8_e4m3fn);
-    const auto w_scale = weight_scale(weight, gathered_scale);
-    const auto w8 = to_float8(weight, at::kFloat8_e4m3fn, w_scale);
+    const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, /*row=*/true, false);
+    const auto w_scale = weight_scale(weight, scale.gathered);
+    const auto w8 = detail::cast_to_float8(weight, at::kFloat8_e4m3fn, w_scale, true, false);
     ctx->saved_data["w_scale"] = w_scale;
-    return float8_mm(x8, {w8.data.t(), w8.scale}, x.scalar_type());
+    return float8_mm({x8.row, x8.scale}, {w8.row.t(), w8.scale}, x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -50,23 +42,23 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     const auto& x = saved[0];
     const auto& weight = saved[1];
     const auto& dy = grad_outputs[0];
-    // dy's cast serves both GEMMs: torchao's two casts of it use the same config.
-    const auto dy8 = to_float8(dy, at::kFloat8_e5m2);
+    // dy's cast serves both GEMMs (torchao's two casts of it use the same config): row-major
+    // for dx's, transposed for dw's, in one pass on a GPU. The tokens are dw's inner dimension,
+    // which a GPU's _scaled_mm wants a multiple of 16 (torchao's pad_inner_dim): zero columns
+    // there add nothing. The CPU needs none, and keeps torchao's exact GEMM.
+    const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
+    const int64_t pad = dy.is_cuda() ? 16 : 1;
+    const auto dy8 = detail::cast_to_float8(dy, at::kFloat8_e5m2, {}, need_dx, need_dw, pad);
     at::Tensor dx, dw;
-    if (ctx->needs_input_grad(0)) {
+    if (need_dx) {
+      // W [out, in] as the GEMM's column-major right side: its transpose, cast in one pass.
       const auto w_scale = ctx->saved_data["w_scale"].toTensor();
-      dx = float8_mm(dy8, to_float8(weight, at::kFloat8_e4m3fn, w_scale), dy.scalar_type());
+      const auto w8 = detail::cast_to_float8(weight, at::kFloat8_e4m3fn, w_scale, false, true);
+      dx = float8_mm({dy8.row, dy8.scale}, {w8.col, w8.scale}, dy.scalar_type());
     }
-    if (ctx->needs_input_grad(1)) {
-      // The tokens are this GEMM's inner dimension; a GPU's _scaled_mm needs it a multiple of
-      // 16 (torchao's pad_inner_dim): zero rows there add nothing. The CPU needs none, and
-      // keeps torchao's exact GEMM.
-      auto dy_rows = dy8, x_rows = to_float8(x, at::kFloat8_e4m3fn);
-      if (dy.is_cuda() && x.size(0) % 16 != 0) {
-        dy_rows.data = pad_rows(dy_rows.data);
-        x_rows.data = pad_rows(x_rows.data);
-      }
-      dw = float8_mm({dy_rows.data.t(), dy_rows.scale}, x_rows, dy.scalar_type());
+    if (need_dw) {
+      const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, false, true, pad);
+      dw = float8_mm({dy8.col.t(), dy8.scale}, {x8.col, x8.scale}, dy.scalar_type());
     }
     return {dx, dw, at::Tensor()};
   }
@@ -75,11 +67,11 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   // The gathered scale where it is the weight's (float8.h), else the weight's own; on the
   // device, without a host sync.
   static at::Tensor weight_scale(const at::Tensor& weight, const at::Tensor& gathered) {
-    const auto amax = weight.abs().max();
+    const auto amax = detail::abs_max(weight);
     auto own = float8_scale(amax, at::kFloat8_e4m3fn);
     if (!gathered.defined()) return own;
     const auto g = gathered.to(own.device(), at::kFloat).reshape({});
-    const auto reach = amax.to(at::kFloat) * g / float8_max(at::kFloat8_e4m3fn);
+    const auto reach = amax * g / float8_max(at::kFloat8_e4m3fn);
     return at::where((reach - 1).abs() <= 1.0 / 128, g, own);
   }
 };
@@ -93,7 +85,8 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype) {
   FSDP_CHECK_ARG(at::isFloatingType(t.scalar_type()) && t.numel() > 0,
                  "to_float8: expected a non-empty floating tensor, got {} of {} elements",
                  c10::toString(t.scalar_type()), t.numel());
-  return to_float8(t, dtype, float8_scale(t.abs().max(), dtype));
+  const auto c = detail::cast_to_float8(t, dtype, {}, /*row=*/true, /*col=*/false);
+  return {c.row, c.scale};
 }
 
 at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype) {
@@ -112,10 +105,8 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tens
   FSDP_CHECK_ARG(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
                  "to_float8: expected a float32 scale of one element, got {} of {}", scale.numel(),
                  c10::toString(scale.scalar_type()));
-  const double max = float8_max(dtype);
-  // _ToFloat8ConstrFunc and to_fp8_saturated: scaled in float32, saturated, cast.
-  auto data = (t.to(at::kFloat) * scale).clamp_(-max, max).to(dtype);
-  return {std::move(data), scale.reshape({})};
+  const auto c = detail::cast_to_float8(t, dtype, scale, /*row=*/true, /*col=*/false);
+  return {c.row, c.scale};
 }
 
 at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fsdp/ops/float8.h"
+#include "ops/float8_cast.h"
 #include "util/check.h"
 
 namespace fsdp::ops {
@@ -91,7 +92,7 @@ at::Tensor agreed_scales(const at::Tensor& input, const Float8Layout& l, Process
   const auto flat = input.reshape(-1);
   std::vector<at::Tensor> maxima;
   for (const auto& s : l.f8) {
-    maxima.push_back(s.length > 0 ? flat.narrow(0, s.begin, s.length).abs().max().to(at::kFloat)
+    maxima.push_back(s.length > 0 ? detail::abs_max(flat.narrow(0, s.begin, s.length))
                                   : at::zeros({}, input.options().dtype(at::kFloat)));
   }
   const auto amax = at::stack(maxima);

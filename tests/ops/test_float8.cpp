@@ -8,6 +8,7 @@
 
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
+#include "ops/float8_cast.h"
 
 namespace fsdp::testing {
 namespace {
@@ -65,6 +66,35 @@ TEST(Float8Cast, RefusesWhatItCannotCast) {
   EXPECT_THROW(to_float8(torch::randn({4}), at::kBFloat16), InvalidArgument);
   EXPECT_THROW(to_float8(torch::ones({4}, torch::kLong), at::kFloat8_e4m3fn), InvalidArgument);
   EXPECT_THROW(to_float8(torch::randn({0, 4}), at::kFloat8_e4m3fn), InvalidArgument);
+}
+
+// The GEMMs' layouts of one cast (ops/float8_cast.h): the column-major one holds the row-major
+// one's bytes, then zero rows up to the padding; the scale is the cast's.
+TEST(Float8Cast, ColumnMajorAndPaddedLayoutsHoldTheSameBytes) {
+  torch::manual_seed(4);
+  const auto t = torch::randn({21, 48}) * 5;
+  const auto want = to_float8(t, at::kFloat8_e5m2);
+  for (int64_t pad : {1, 16}) {
+    const auto c = ops::detail::cast_to_float8(t, at::kFloat8_e5m2, {}, true, true, pad);
+    const int64_t padded = pad == 1 ? 21 : 32;
+    EXPECT_TRUE(c.scale.equal(want.scale));
+    EXPECT_TRUE(c.row.view(at::kByte).equal(want.data.view(at::kByte)));
+    ASSERT_EQ(c.col.sizes(), (std::vector<int64_t>{padded, 48}));
+    EXPECT_EQ(c.col.stride(0), 1);  // column-major
+    EXPECT_EQ(c.col.stride(1), padded);
+    const auto bytes = c.col.contiguous().view(at::kByte);
+    EXPECT_TRUE(bytes.narrow(0, 0, 21).equal(want.data.view(at::kByte)));
+    EXPECT_EQ(bytes.narrow(0, 21, padded - 21).count_nonzero().item<int64_t>(), 0);
+  }
+  // With a given scale, and the column-major layout alone.
+  const auto scale = torch::full({1}, 2.5f);
+  const auto c = ops::detail::cast_to_float8(t, at::kFloat8_e4m3fn, scale, false, true);
+  EXPECT_FALSE(c.row.defined());
+  EXPECT_TRUE(c.col.contiguous().view(at::kByte).equal(
+      to_float8(t, at::kFloat8_e4m3fn, scale).data.view(at::kByte)));
+  EXPECT_THROW(
+      ops::detail::cast_to_float8(torch::randn({2, 3, 4}), at::kFloat8_e4m3fn, {}, false, true),
+      InvalidArgument);
 }
 
 TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {

@@ -1,18 +1,23 @@
 // The CUDA kernels of fsdp/ops/fused.h against their ATen twins on the GPU: RMSNorm and SwiGLU,
 // forward and backward, fp32 (to float rounding) and bf16 (within a few of bf16's rounding
 // steps), over row lengths that do not divide by the block (3, 1000, 2048), more rows than the
-// backward's blocks, and more elements than one pass of SwiGLU's grid. Skips without a GPU,
-// fails under FSDP_REQUIRE_GPU=1, where the kernels must also be built.
+// backward's blocks, and more elements than one pass of SwiGLU's grid. The float8 cast's
+// kernels (ops/cuda/float8_kernels.h) give the ATen cast's bytes and scale exactly, in every
+// layout. Skips without a GPU, fails under FSDP_REQUIRE_GPU=1, where the kernels must also be
+// built.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "fsdp/ops/fused.h"
+#include "ops/float8_cast.h"
 #include "support/gpu.h"
 
 namespace fsdp::testing::fused_cuda_test {
@@ -93,23 +98,101 @@ TEST(FusedCuda, SwigluEqualsSiluTimesUp) {
   }
 }
 
-// float8_linear on the GPU (sm_89 or newer: _scaled_mm) against the CPU's, with 21 tokens: the
-// weight gradient's GEMM runs over the tokens, padded to 32 for the GPU.
+// torchao's cast written in ATen ops on the GPU (what the library ran before its kernels).
+// With `scale` undefined, t's own.
+ops::Float8Tensor aten_float8(const at::Tensor& t, at::ScalarType dtype, at::Tensor scale = {}) {
+  const double max = dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+  if (!scale.defined()) scale = ops::float8_scale(t.abs().max(), dtype);
+  return {(t.to(at::kFloat) * scale).clamp(-max, max).to(dtype), scale};
+}
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  return a.contiguous().view(at::kByte).equal(b.contiguous().view(at::kByte));
+}
+
+TEST(FusedCuda, Float8CastKernelsGiveTheAtenCastsBytes) {
+  FSDP_SKIP_WITHOUT_GPU();
+  if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  // Shapes off the 32 x 32 tile, and 2.1M rows: more tiles down than the grid's 65535 (a
+  // block then casts several).
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (auto f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{
+               {21, 48}, {1, 16}, {1000, 2048}, {4099, 33}, {2100000, 16}}) {
+        torch::manual_seed(9);
+        // Magnitudes over many binades, so that subnormals, rounding ties and saturation occur.
+        auto t = (torch::randn({m, k}) * torch::exp(torch::randn({m, k}) * 4))
+                     .to(at::TensorOptions().device(at::kCUDA).dtype(dtype));
+        const auto want = aten_float8(t, f8);
+        const auto got = ops::to_float8(t, f8);
+        const auto where = ::testing::Message() << c10::toString(dtype) << " " << c10::toString(f8)
+                                                << " [" << m << ", " << k << "]";
+        EXPECT_TRUE(got.scale.equal(want.scale)) << where;
+        EXPECT_TRUE(same_bytes(got.data, want.data)) << where;
+        // Both layouts in one pass, the column-major one padded to 16 rows.
+        const auto both = ops::detail::cast_to_float8(t, f8, {}, true, true, 16);
+        const int64_t padded = (m + 15) / 16 * 16;
+        EXPECT_TRUE(same_bytes(both.row, want.data)) << where;
+        ASSERT_EQ(both.col.sizes(), (std::vector<int64_t>{padded, k})) << where;
+        EXPECT_EQ(both.col.stride(0), 1) << where;
+        EXPECT_TRUE(same_bytes(both.col.narrow(0, 0, m), want.data)) << where;
+        EXPECT_EQ(both.col.narrow(0, m, padded - m).view(at::kByte).count_nonzero().item<int64_t>(),
+                  0)
+            << where;
+        // A given scale (the float8 all-gather's), on the transposed layout alone.
+        const auto given = want.scale * 0.5;
+        const auto col = ops::detail::cast_to_float8(t, f8, given, false, true);
+        EXPECT_FALSE(col.row.defined()) << where;
+        EXPECT_TRUE(same_bytes(col.col, aten_float8(t, f8, given).data)) << where;
+      }
+    }
+  }
+}
+
+TEST(FusedCuda, Float8AmaxKernelIsAtensAndKeepsNaN) {
+  FSDP_SKIP_WITHOUT_GPU();
+  if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  torch::manual_seed(10);
+  auto t = torch::randn({3000, 1001}, at::TensorOptions().device(at::kCUDA));
+  t[2999][1000] = -77.25;
+  EXPECT_EQ(ops::detail::abs_max(t).item<float>(), 77.25f);
+  EXPECT_EQ(ops::detail::abs_max(t.to(at::kBFloat16)).item<float>(), 77.25f);
+  EXPECT_EQ(ops::detail::abs_max(torch::zeros({5}, t.options())).item<float>(), 0.0f);
+  t[7][3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(ops::detail::abs_max(t).item<float>()));
+  EXPECT_TRUE(std::isnan(ops::to_float8(t, at::kFloat8_e4m3fn).scale.item<float>()));
+}
+
+// float8_linear on the GPU (sm_89 or newer: _scaled_mm, the cast kernels) against the CPU's
+// (ATen's casts), with 21 tokens: the weight gradient's GEMM runs over the tokens, padded to 32
+// for the GPU. Sizes off the cast's 32 x 32 tile; a frozen weight and an input without a
+// gradient (the backward then casts the gradient in one layout only).
 TEST(FusedCuda, Float8LinearWithTokensNotAMultipleOf16) {
   FSDP_SKIP_WITHOUT_GPU();
   if (at::cuda::getCurrentDeviceProperties()->major < 9) GTEST_SKIP() << "float8 needs sm_89+";
-  torch::manual_seed(8);
-  auto x = torch::randn({3, 7, 64}), w = torch::randn({48, 64}) * 0.1,
-       dy = torch::randn({3, 7, 48});
-  auto xc = x.clone().requires_grad_(), wc = w.clone().requires_grad_();
-  auto xg = x.cuda().requires_grad_(), wg = w.cuda().requires_grad_();
-  auto yc = ops::float8_linear(xc, wc, {});
-  auto yg = ops::float8_linear(xg, wg, {});
-  yc.backward(dy);
-  yg.backward(dy.cuda());
-  EXPECT_LT(rel_diff(yg.cpu(), yc), 1e-5);
-  EXPECT_LT(rel_diff(xg.grad().cpu(), xc.grad()), 1e-5);
-  EXPECT_LT(rel_diff(wg.grad().cpu(), wc.grad()), 1e-5);
+  for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{64, 48}, {80, 112}}) {
+    for (auto [x_grad, w_grad] :
+         std::vector<std::pair<bool, bool>>{{true, true}, {true, false}, {false, true}}) {
+      torch::manual_seed(8);
+      auto x = torch::randn({3, 7, in}), w = torch::randn({out, in}) * 0.1,
+           dy = torch::randn({3, 7, out});
+      auto xc = x.clone().requires_grad_(x_grad), wc = w.clone().requires_grad_(w_grad);
+      auto xg = x.cuda().requires_grad_(x_grad), wg = w.cuda().requires_grad_(w_grad);
+      auto yc = ops::float8_linear(xc, wc, {});
+      auto yg = ops::float8_linear(xg, wg, {});
+      yc.backward(dy);
+      yg.backward(dy.cuda());
+      const auto where = ::testing::Message() << "in " << in << " out " << out << " x_grad "
+                                              << x_grad << " w_grad " << w_grad;
+      EXPECT_LT(rel_diff(yg.cpu(), yc), 1e-5) << where;
+      if (x_grad) {
+        EXPECT_LT(rel_diff(xg.grad().cpu(), xc.grad()), 1e-5) << where;
+      }
+      if (w_grad) {
+        EXPECT_LT(rel_diff(wg.grad().cpu(), wc.grad()), 1e-5) << where;
+      }
+    }
+  }
 }
 
 }  // namespace

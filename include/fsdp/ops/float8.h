@@ -15,6 +15,10 @@
 // and casts again: W is the unsharded parameter FSDP frees and gathers again for the backward,
 // so keeping a float8 copy from the forward would hold every layer's weight at once.
 //
+// On a GPU with this build's CUDA kernels (fused.h's cuda_kernels_built()), each cast is two
+// kernels, the largest magnitude and then the cast, which also writes the transposed operand a
+// backward GEMM takes; they give the ATen ops' bytes and scale.
+//
 // Equal to torchao 0.18's Float8Linear on the CPU (tests/reference/hf_llama.py train --float8
 // is the reference); on a GPU _scaled_mm needs sm_89 or newer, and the forward's GEMM uses
 // fast accumulation there as torchao's does (the CPU has only one). The weight gradient's GEMM

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "dtype.cuh"
 #include "fused_kernels.h"
 
 namespace fsdp::ops::cuda {
@@ -14,38 +15,6 @@ constexpr int kThreads = 256;
 // Blocks of the RMSNorm backward: each sums its rows' weight-gradient parts into its own row of
 // the workspace, which a second kernel sums over the blocks.
 constexpr int64_t kBackwardBlocks = 256;
-
-template <typename T>
-__device__ __forceinline__ float to_f(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f(__half v) {
-  return __half2float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f(float v) {
-  return static_cast<T>(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f(float v) {
-  return __float2half_rn(v);
-}
-
-// x rounded to T and back: where the ATen twin stores an intermediate in the tensor's dtype.
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  return to_f(from_f<T>(v));
-}
 
 // The sum of v over the block (every thread gets it).
 __device__ float block_sum(float v) {
@@ -148,22 +117,6 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
 
 int64_t elementwise_blocks(int64_t numel) {
   return std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 65535));
-}
-
-template <typename F>
-cudaError_t by_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat:
-      f(float{});
-      break;
-    case DType::kBFloat16:
-      f(__nv_bfloat16{});
-      break;
-    case DType::kHalf:
-      f(__half{});
-      break;
-  }
-  return cudaGetLastError();
 }
 
 }  // namespace

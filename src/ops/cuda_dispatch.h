@@ -1,0 +1,62 @@
+// What the ops' host code needs to run this folder's CUDA kernels (only in builds with them,
+// FSDP_HAVE_CUDA_KERNELS): the kernels' dtype of a tensor, the device check, the stream, and a
+// launch error as fsdp::Error.
+#pragma once
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <atomic>
+#include <optional>
+#include <string>
+
+#include "fsdp/errors.h"
+#include "ops/cuda/fused_kernels.h"
+
+namespace fsdp::ops::detail {
+
+inline std::optional<cuda::DType> kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return cuda::DType::kFloat;
+    case at::kBFloat16:
+      return cuda::DType::kBFloat16;
+    case at::kHalf:
+      return cuda::DType::kHalf;
+    default:
+      return std::nullopt;
+  }
+}
+
+inline void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw fsdp::Error(std::string("fsdp::ops::") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Whether the kernels run on this tensor's GPU: built for sm_80 and sm_90 (and their PTX), so a
+// GPU older than Ampere (or one the driver cannot load them for) gets the twins. Asked once per
+// device.
+inline bool kernels_run_on(const at::Tensor& t) {
+  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no
+  const int d = t.device().index();
+  if (d < 0 || d >= static_cast<int>(known.size())) return false;
+  int k = known[d].load();
+  if (k == 0) {
+    const auto* props = at::cuda::getDeviceProperties(d);
+    k = props->major >= 8 ? 1 : 2;
+    known[d].store(k);
+  }
+  return k == 1;
+}
+
+inline cudaStream_t stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+}  // namespace fsdp::ops::detail
+
+#endif  // FSDP_HAVE_CUDA_KERNELS

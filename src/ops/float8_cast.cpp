@@ -1,0 +1,102 @@
+#include "ops/float8_cast.h"
+
+#include "fsdp/ops/float8.h"
+#include "util/check.h"
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/cuda/float8_kernels.h"
+#include "ops/cuda_dispatch.h"
+#endif
+
+namespace fsdp::ops::detail {
+namespace {
+
+double float8_max(at::ScalarType dtype) {
+  return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;  // torch.finfo(...).max
+}
+
+// [k, padded] bytes, the columns from m on zero: the storage of a column-major [padded, k].
+at::Tensor col_storage(const at::Tensor& t, at::ScalarType dtype, int64_t padded) {
+  const int64_t m = t.size(0), k = t.size(1);
+  const auto bytes = t.options().dtype(at::kByte);
+  auto s = padded > m ? at::zeros({k, padded}, bytes) : at::empty({k, padded}, bytes);
+  return s.view(dtype);
+}
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+bool use_kernels(const at::Tensor& t) {
+  return t.is_cuda() && kernel_dtype(t.scalar_type()) && kernels_run_on(t);
+}
+
+cuda::Float8Format format_of(at::ScalarType dtype) {
+  return dtype == at::kFloat8_e4m3fn ? cuda::Float8Format::kE4M3 : cuda::Float8Format::kE5M2;
+}
+#endif
+
+}  // namespace
+
+at::Tensor abs_max(const at::Tensor& t) {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (use_kernels(t)) {
+    c10::cuda::CUDAGuard guard(t.device());
+    const auto x = t.contiguous();
+    auto amax = at::empty({}, x.options().dtype(at::kFloat));
+    check_launch(cuda::abs_max(*kernel_dtype(x.scalar_type()), x.data_ptr(), x.numel(),
+                               amax.data_ptr<float>(), stream_of(x)),
+                 "float8 amax");
+    return amax;
+  }
+#endif
+  return t.abs().max().to(at::kFloat);
+}
+
+Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
+                          bool row, bool col, int64_t pad_to) {
+  FSDP_CHECK_ARG(!col || t.dim() == 2,
+                 "float8 cast: a column-major cast needs a 2-D tensor, got {}", t.sizes());
+  const int64_t m = col ? t.size(0) : 0;
+  const int64_t padded = (m + pad_to - 1) / pad_to * pad_to;
+  Float8Cast out;
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (use_kernels(t) && (!scale.defined() || scale.device() == t.device())) {
+    c10::cuda::CUDAGuard guard(t.device());
+    const auto x = t.contiguous();
+    at::Tensor amax;
+    if (scale.defined()) {
+      out.scale = scale.to(at::kFloat).contiguous().reshape({});
+    } else {
+      amax = abs_max(x);
+      out.scale = at::empty({}, x.options().dtype(at::kFloat));
+    }
+    if (row) out.row = at::empty(x.sizes(), x.options().dtype(dtype));
+    at::Tensor storage = col ? col_storage(x, dtype, padded) : at::Tensor();
+    const int64_t rows = col ? m : 1, cols = col ? x.size(1) : x.numel();
+    check_launch(cuda::float8_cast(*kernel_dtype(x.scalar_type()), format_of(dtype), x.data_ptr(),
+                                   rows, cols, amax.defined() ? amax.data_ptr<float>() : nullptr,
+                                   out.scale.data_ptr<float>(), row ? out.row.data_ptr() : nullptr,
+                                   col ? storage.data_ptr() : nullptr, padded, stream_of(x)),
+                 "float8 cast");
+    if (col) out.col = storage.t();
+    return out;
+  }
+#endif
+  out.scale = scale.defined() ? scale.reshape({}) : float8_scale(t.abs().max(), dtype);
+  const double max = float8_max(dtype);
+  // _ToFloat8ConstrFunc and to_fp8_saturated: scaled in float32, saturated, cast.
+  auto data = (t.to(at::kFloat) * out.scale).clamp_(-max, max).to(dtype);
+  if (col) {
+    if (padded == m) {
+      out.col = data.t().contiguous().t();
+    } else {
+      auto storage = col_storage(data, dtype, padded);
+      storage.view(at::kByte).narrow(1, 0, m).copy_(data.view(at::kByte).t());
+      out.col = storage.t();
+    }
+  }
+  if (row) out.row = std::move(data);
+  return out;
+}
+
+}  // namespace fsdp::ops::detail

@@ -1,0 +1,28 @@
+// The dynamic float8 cast of fsdp/ops/float8.h in the layouts the float8 GEMMs take, for the
+// ops' own code (float8.cpp, float8_all_gather.cpp). On a GPU with this build's CUDA kernels it
+// is two kernels whatever the layouts (ops/cuda/float8_kernels.h); elsewhere the ATen ops
+// torchao's cast is written in, with the transpose copied after. Both give the same bytes.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace fsdp::ops::detail {
+
+// max |t| as a float32 tensor of one element (0-dim) on t's device; NaN when t holds one.
+at::Tensor abs_max(const at::Tensor& t);
+
+struct Float8Cast {
+  at::Tensor row;    // t's cast, t's shape (row-major): when asked
+  at::Tensor col;    // [padded, k]: the cast of a 2-D t [m, k] column-major, rows m to padded
+                     // zero (padded: m rounded up to `pad_to`): when asked
+  at::Tensor scale;  // float32, 0-dim: value = data / scale
+};
+
+// t cast to `dtype` (e4m3fn or e5m2) with `scale` (float32, one element), or t's own scale
+// when `scale` is undefined. `col` needs a 2-D t.
+Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
+                          bool row, bool col, int64_t pad_to = 1);
+
+}  // namespace fsdp::ops::detail
