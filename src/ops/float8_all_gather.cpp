@@ -92,8 +92,9 @@ at::Tensor agreed_scales(const at::Tensor& input, const Float8Layout& l, Process
   const auto flat = input.reshape(-1);
   std::vector<at::Tensor> maxima;
   for (const auto& s : l.f8) {
-    maxima.push_back(s.length > 0 ? detail::abs_max(flat.narrow(0, s.begin, s.length))
-                                  : at::zeros({}, input.options().dtype(at::kFloat)));
+    maxima.push_back(s.length > 0
+                         ? detail::abs_max(flat.narrow(0, s.begin, s.length)).to(at::kFloat)
+                         : at::zeros({}, input.options().dtype(at::kFloat)));
   }
   const auto amax = at::stack(maxima);
   auto all = at::empty({group.size() * k}, amax.options());

@@ -20,8 +20,8 @@ double float8_max(at::ScalarType dtype) {
 // [k, padded] bytes, the columns from m on zero: the storage of a column-major [padded, k].
 at::Tensor col_storage(const at::Tensor& t, at::ScalarType dtype, int64_t padded) {
   const int64_t m = t.size(0), k = t.size(1);
-  const auto bytes = t.options().dtype(at::kByte);
-  auto s = padded > m ? at::zeros({k, padded}, bytes) : at::empty({k, padded}, bytes);
+  auto s = at::empty({k, padded}, t.options().dtype(at::kByte));
+  s.narrow(1, m, padded - m).zero_();
   return s.view(dtype);
 }
 
@@ -49,11 +49,17 @@ at::Tensor abs_max(const at::Tensor& t) {
     return amax;
   }
 #endif
-  return t.abs().max().to(at::kFloat);
+  // float64 keeps its own (torchao's scale is computed from it unrounded); the narrower dtypes
+  // are exact in float32.
+  const auto m = t.abs().max();
+  return t.scalar_type() == at::kDouble ? m : m.to(at::kFloat);
 }
 
 Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
                           bool row, bool col, int64_t pad_to) {
+  FSDP_CHECK_ARG(at::isFloatingType(t.scalar_type()) && t.numel() > 0,
+                 "float8 cast: expected a non-empty floating tensor, got {} of {} elements",
+                 c10::toString(t.scalar_type()), t.numel());
   FSDP_CHECK_ARG(!col || t.dim() == 2,
                  "float8 cast: a column-major cast needs a 2-D tensor, got {}", t.sizes());
   const int64_t m = col ? t.size(0) : 0;

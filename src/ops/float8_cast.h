@@ -10,7 +10,8 @@
 
 namespace fsdp::ops::detail {
 
-// max |t| as a float32 tensor of one element (0-dim) on t's device; NaN when t holds one.
+// max |t| as a 0-dim tensor on t's device, float32 (float64 for a float64 t); NaN when t holds
+// one.
 at::Tensor abs_max(const at::Tensor& t);
 
 struct Float8Cast {
@@ -21,7 +22,8 @@ struct Float8Cast {
 };
 
 // t cast to `dtype` (e4m3fn or e5m2) with `scale` (float32, one element), or t's own scale
-// when `scale` is undefined. `col` needs a 2-D t.
+// when `scale` is undefined. Throws InvalidArgument for an empty or non-floating t, and for
+// `col` with a t that is not 2-D.
 Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
                           bool row, bool col, int64_t pad_to = 1);
 

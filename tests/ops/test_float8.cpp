@@ -95,6 +95,9 @@ TEST(Float8Cast, ColumnMajorAndPaddedLayoutsHoldTheSameBytes) {
   EXPECT_THROW(
       ops::detail::cast_to_float8(torch::randn({2, 3, 4}), at::kFloat8_e4m3fn, {}, false, true),
       InvalidArgument);
+  EXPECT_THROW(
+      ops::detail::cast_to_float8(torch::randn({0, 16}), at::kFloat8_e4m3fn, {}, true, true),
+      InvalidArgument);
 }
 
 TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {
