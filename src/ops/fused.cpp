@@ -22,6 +22,17 @@ at::Tensor rms_norm_twin(const at::Tensor& x, const at::Tensor& weight, double e
 
 at::Tensor swiglu_twin(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
 
+// transformers' rotate_half: the two halves of the last dimension, (-x2, x1).
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+at::Tensor rope_twin(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  return (x * c) + (rotate_half(x) * s);
+}
+
 #ifdef FSDP_HAVE_CUDA_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -94,6 +105,39 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     return {dgate, dup};
   }
 };
+
+// The kernels work on [batch, seq, heads, d] rows: x's usual memory order (a projection's
+// output viewed heads-first), so the transposes are views.
+class RopeFunction : public torch::autograd::Function<RopeFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos_in,
+                            const at::Tensor& sin_in) {
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto cos = cos_in.contiguous(), sin = sin_in.contiguous();
+    ctx->save_for_backward({cos, sin});
+    return launch(x, cos, sin, /*backward=*/false);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    c10::cuda::CUDAGuard guard(grads[0].device());
+    return {launch(grads[0], saved[0], saved[1], /*backward=*/true), at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  // t [batch, heads, seq, d] through the kernel, returned in the same logical shape.
+  static at::Tensor launch(const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin,
+                           bool backward) {
+    const auto rows = t.transpose(1, 2).contiguous();  // [batch, seq, heads, d]
+    auto out = at::empty_like(rows);
+    const auto run = backward ? cuda::rope_backward : cuda::rope_forward;
+    check_launch(run(*kernel_dtype(t.scalar_type()), rows.data_ptr(), cos.data_ptr(),
+                     sin.data_ptr(), out.data_ptr(), rows.size(0), rows.size(1), rows.size(2),
+                     rows.size(3), cos.size(0), stream_of(rows)),
+                 backward ? "rope backward" : "rope");
+    return out.transpose(1, 2);
+  }
+};
 #endif
 
 }  // namespace
@@ -131,6 +175,24 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   }
 #endif
   return swiglu_twin(gate, up);
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  FSDP_CHECK_ARG(x.dim() == 4 && x.size(-1) % 2 == 0 && cos.dim() == 3 &&
+                     cos.sizes() == sin.sizes() && cos.size(1) == x.size(2) &&
+                     cos.size(2) == x.size(3) && (cos.size(0) == 1 || cos.size(0) == x.size(0)),
+                 "rope: expected x [batch, heads, seq, d] with d even and cos, sin [1 or batch, "
+                 "seq, d], got {}, {} and {}",
+                 x.sizes(), cos.sizes(), sin.sizes());
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (x.is_cuda() && cos.device() == x.device() && sin.device() == x.device() &&
+      cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+      !cos.requires_grad() && !sin.requires_grad() && kernel_dtype(x.scalar_type()) &&
+      x.numel() > 0 && kernels_run_on(x)) {
+    return RopeFunction::apply(x, cos, sin);
+  }
+#endif
+  return rope_twin(x, cos, sin);
 }
 
 }  // namespace fsdp::ops

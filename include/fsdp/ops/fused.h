@@ -23,6 +23,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // gate and up for the backward (the twin also keeps silu(gate)).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+// Rotary position embeddings on one tensor, transformers' apply_rotary_pos_emb (unsqueeze_dim
+// 1): x * c + rotate_half(x) * s with c, s = cos, sin unsqueezed over the heads and
+// rotate_half(x) = (-x2, x1), the two halves of the last dimension. x [batch, heads, seq, d]
+// (any strides; the kernel is fastest on the usual view of a [batch, seq, heads, d] projection),
+// cos and sin [1 or batch, seq, d] of x's dtype. Differentiable in x (cos and sin are constants
+// to the kernel: given ones that require a gradient, the twin runs). The kernel rounds where the
+// twin's ops round (each product, then the sum): the same values, bit for bit in float32. It
+// keeps cos and sin for the backward, one kernel each way; the twin runs about five ATen ops
+// each way.
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
 // Whether this build has the CUDA kernels (nvcc, sm_90 and PTX).
 bool cuda_kernels_built();
 

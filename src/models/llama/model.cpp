@@ -81,12 +81,6 @@ void convert_float8(Linear& linear, const std::string& name, const BuildOptions&
   }
 }
 
-// transformers' rotate_half: the two halves of the last dimension, (-x2, x1).
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
-
 // sdpa_attention_forward's repeat_kv: [b, kv, s, d] -> [b, kv * n, s, d], each head n times.
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t n) {
   if (n == 1) return x;
@@ -306,9 +300,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   auto k = heads_first(k_proj(x));
   auto v = heads_first(v_proj(x));
   // apply_rotary_pos_emb(unsqueeze_dim=1)
-  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-  q = (q * c) + (rotate_half(q) * s);
-  k = (k * c) + (rotate_half(k) * s);
+  q = ops::rope(q, cos, sin);
+  k = ops::rope(k, cos, sin);
   // Generation: the cached tokens' keys and values first (DynamicCache.update), kept before the
   // key/value heads are repeated.
   int64_t past = 0;

@@ -1,5 +1,6 @@
-// fused_kernels.h: RMSNorm (one block per row, a warp-shuffle reduction) and SwiGLU (a
-// grid-stride elementwise loop), forward and backward, for float, bfloat16 and half.
+// fused_kernels.h: RMSNorm (one block per row, a warp-shuffle reduction), SwiGLU and the rotary
+// embedding (grid-stride elementwise loops; the rotary one a thread per pair of elements i and
+// i + d/2), forward and backward, for float, bfloat16 and half.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -115,6 +116,42 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
   }
 }
 
+// The rotary embedding's pair (i, i + half) of one row of x: rotate_half(x) is (-x2, x1), so
+//   out[i]        = x[i] c[i] - x[i + half] s[i]
+//   out[i + half] = x[i + half] c[i + half] + x[i] s[i + half]
+// and the backward's transpose of it
+//   dx[i]        = g[i] c[i] + g[i + half] s[i + half]
+//   dx[i + half] = g[i + half] c[i + half] - g[i] s[i].
+// Each product and each sum rounded to T (the twin's separate ATen ops; __fmul_rn and
+// __fadd_rn keep the compiler from fusing them into one fma, which float32 would round once).
+template <typename T, bool kBackward>
+__global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos,
+                            const T* __restrict__ sin, T* __restrict__ out, int64_t batch,
+                            int64_t seq, int64_t heads, int64_t d, int64_t cos_batch) {
+  const int64_t half = d / 2;
+  const int64_t pairs = batch * seq * heads * half;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = p % half, row = p / half;  // row of x: (b, s, h)
+    const int64_t s_index = (row / heads) % seq, b_index = row / (heads * seq);
+    const int64_t cs = ((cos_batch == 1 ? 0 : b_index) * seq + s_index) * d;
+    const T* xr = x + row * d;
+    const float x1 = to_f(xr[i]), x2 = to_f(xr[i + half]);
+    const float c1 = to_f(cos[cs + i]), c2 = to_f(cos[cs + i + half]);
+    const float s1 = to_f(sin[cs + i]), s2 = to_f(sin[cs + i + half]);
+    float lo, hi;
+    if (kBackward) {
+      lo = __fadd_rn(round_to<T>(__fmul_rn(x1, c1)), round_to<T>(__fmul_rn(x2, s2)));
+      hi = __fadd_rn(round_to<T>(__fmul_rn(x2, c2)), -round_to<T>(__fmul_rn(x1, s1)));
+    } else {
+      lo = __fadd_rn(round_to<T>(__fmul_rn(x1, c1)), round_to<T>(__fmul_rn(-x2, s1)));
+      hi = __fadd_rn(round_to<T>(__fmul_rn(x2, c2)), round_to<T>(__fmul_rn(x1, s2)));
+    }
+    out[row * d + i] = from_f<T>(lo);
+    out[row * d + i + half] = from_f<T>(hi);
+  }
+}
+
 int64_t elementwise_blocks(int64_t numel) {
   return std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 65535));
 }
@@ -173,6 +210,38 @@ cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, con
             static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up),
             static_cast<T*>(dgate), static_cast<T*>(dup), numel);
   });
+}
+
+namespace {
+
+template <bool kBackward>
+cudaError_t rope(DType dtype, const void* x, const void* cos, const void* sin, void* out,
+                 int64_t batch, int64_t seq, int64_t heads, int64_t d, int64_t cos_batch,
+                 cudaStream_t stream) {
+  const int64_t pairs = batch * seq * heads * (d / 2);
+  if (pairs == 0) return cudaSuccess;
+  if (d % 2 != 0 || (cos_batch != 1 && cos_batch != batch)) return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    rope_kernel<T, kBackward>
+        <<<static_cast<unsigned>(elementwise_blocks(pairs)), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin),
+            static_cast<T*>(out), batch, seq, heads, d, cos_batch);
+  });
+}
+
+}  // namespace
+
+cudaError_t rope_forward(DType dtype, const void* x, const void* cos, const void* sin, void* out,
+                         int64_t batch, int64_t seq, int64_t heads, int64_t d, int64_t cos_batch,
+                         cudaStream_t stream) {
+  return rope<false>(dtype, x, cos, sin, out, batch, seq, heads, d, cos_batch, stream);
+}
+
+cudaError_t rope_backward(DType dtype, const void* dout, const void* cos, const void* sin, void* dx,
+                          int64_t batch, int64_t seq, int64_t heads, int64_t d, int64_t cos_batch,
+                          cudaStream_t stream) {
+  return rope<true>(dtype, dout, cos, sin, dx, batch, seq, heads, d, cos_batch, stream);
 }
 
 }  // namespace fsdp::ops::cuda

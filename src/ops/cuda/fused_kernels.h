@@ -28,4 +28,17 @@ cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* 
 cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, const void* up,
                             void* dgate, void* dup, int64_t numel, cudaStream_t stream);
 
+// Rotary embeddings (transformers' apply_rotary_pos_emb on one tensor): out = x * c +
+// rotate_half(x) * s, each product and the sum rounded to the dtype as the twin's three ops
+// round. x and out are [batch, seq, heads, d] contiguous (d even); cos and sin [cos_batch, seq,
+// d] contiguous, cos_batch 1 (every batch element's positions the same) or batch.
+cudaError_t rope_forward(DType dtype, const void* x, const void* cos, const void* sin, void* out,
+                         int64_t batch, int64_t seq, int64_t heads, int64_t d, int64_t cos_batch,
+                         cudaStream_t stream);
+// dx from dout, the same layouts: dx = dout * c + rotate_half^T(dout * s), with the roundings
+// of the twin's backward (its two products, then their sum).
+cudaError_t rope_backward(DType dtype, const void* dout, const void* cos, const void* sin, void* dx,
+                          int64_t batch, int64_t seq, int64_t heads, int64_t d, int64_t cos_batch,
+                          cudaStream_t stream);
+
 }  // namespace fsdp::ops::cuda
