@@ -42,6 +42,24 @@ using detail::kernel_dtype;
 using detail::kernels_run_on;
 using detail::stream_of;
 
+// The norm's backward kernel: dx (x's dtype) and the weight's gradient (summed in float32, then
+// the weight's dtype).
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy_in, const at::Tensor& x,
+                                                    const at::Tensor& w, const at::Tensor& rstd) {
+  const auto dy = dy_in.contiguous();
+  const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
+  auto dx = at::empty_like(x);
+  auto dw = at::empty({d}, x.options().dtype(at::kFloat));
+  auto workspace =
+      at::empty({cuda::rms_norm_workspace_floats(n, d)}, x.options().dtype(at::kFloat));
+  check_launch(cuda::rms_norm_backward(*kernel_dtype(x.scalar_type()), dy.data_ptr(), x.data_ptr(),
+                                       w.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                       dw.data_ptr<float>(), workspace.data_ptr<float>(), n, d,
+                                       stream_of(x)),
+               "rms_norm backward");
+  return {dx, dw.to(w.scalar_type())};
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
@@ -61,20 +79,45 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const auto &x = saved[0], &w = saved[1];
     c10::cuda::CUDAGuard guard(x.device());
-    const auto dy = grads[0].contiguous();
+    auto [dx, dw] = rms_norm_backward(grads[0], x, w, saved[2]);
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+// h = x + y and its norm, one kernel forward (fused.h's add_rms_norm). Backward: the norm's
+// kernel on h, plus the gradient h gets from its other uses, once for x and once for y.
+class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& y_in,
+                               const at::Tensor& w_in, double eps) {
+    c10::cuda::CUDAGuard guard(x_in.device());
+    const auto x = x_in.contiguous(), y = y_in.contiguous(), w = w_in.contiguous();
     const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
-    auto dx = at::empty_like(x);
-    auto dw = at::empty({d}, x.options().dtype(at::kFloat));
-    auto workspace =
-        at::empty({cuda::rms_norm_workspace_floats(n, d)}, x.options().dtype(at::kFloat));
-    check_launch(cuda::rms_norm_backward(*kernel_dtype(x.scalar_type()), dy.data_ptr(),
-                                         x.data_ptr(), w.data_ptr(), rstd.data_ptr<float>(),
-                                         dx.data_ptr(), dw.data_ptr<float>(),
-                                         workspace.data_ptr<float>(), n, d, stream_of(x)),
-                 "rms_norm backward");
-    return {dx, dw.to(w.scalar_type()), at::Tensor()};
+    auto h = at::empty_like(x), out = at::empty_like(x);
+    auto rstd = at::empty({n}, x.options().dtype(at::kFloat));
+    check_launch(cuda::add_rms_norm_forward(*kernel_dtype(x.scalar_type()), x.data_ptr(),
+                                            y.data_ptr(), h.data_ptr(), w.data_ptr(),
+                                            out.data_ptr(), rstd.data_ptr<float>(), n, d,
+                                            static_cast<float>(eps), stream_of(x)),
+                 "add_rms_norm");
+    ctx->save_for_backward({h, w, rstd});
+    return {h, out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &w = saved[1];
+    c10::cuda::CUDAGuard guard(h.device());
+    at::Tensor dh = grads[0], dw;
+    if (grads[1].defined()) {
+      auto [dh_norm, dw_norm] = rms_norm_backward(grads[1], h, w, saved[2]);
+      // The twin's autograd sums h's two gradients in the dtype, as this add does.
+      dh = dh.defined() ? dh + dh_norm : dh_norm;
+      dw = dw_norm;
+    }
+    return {dh, dh, dw, at::Tensor()};
   }
 };
 
@@ -161,6 +204,26 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   }
 #endif
   return rms_norm_twin(x, weight, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
+                                               const at::Tensor& weight, double eps) {
+  FSDP_CHECK_ARG(x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() && x.dim() >= 1 &&
+                     weight.dim() == 1 && weight.size(0) == x.size(-1),
+                 "add_rms_norm: expected x and y [..., d] of one dtype and weight [d], got {} "
+                 "({}), {} ({}) and {}",
+                 x.sizes(), c10::toString(x.scalar_type()), y.sizes(),
+                 c10::toString(y.scalar_type()), weight.sizes());
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (x.is_cuda() && y.device() == x.device() && weight.device() == x.device() &&
+      weight.scalar_type() == x.scalar_type() && kernel_dtype(x.scalar_type()) && x.numel() > 0 &&
+      kernels_run_on(x)) {
+    auto hn = AddRmsNormFunction::apply(x, y, weight, eps);
+    return {hn[0], hn[1]};
+  }
+#endif
+  auto h = x + y;
+  return {h, rms_norm(h, weight, eps)};
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

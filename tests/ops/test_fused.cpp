@@ -20,6 +20,9 @@ TEST(Fused, TheCpuRunsTheTwinsBitForBit) {
     EXPECT_TRUE(ops::rms_norm(x, w, 1e-6).equal(w * h.to(dtype)));
     auto g = torch::randn({2, 5, 48}).to(dtype), u = torch::randn({2, 5, 48}).to(dtype);
     EXPECT_TRUE(ops::swiglu(g, u).equal(at::silu(g) * u));
+    auto [sum, normed] = ops::add_rms_norm(x, g, w, 1e-6);
+    EXPECT_TRUE(sum.equal(x + g));
+    EXPECT_TRUE(normed.equal(ops::rms_norm(x + g, w, 1e-6)));
     // apply_rotary_pos_emb on a heads-first view of a [batch, seq, heads, d] projection, with
     // positions shared by the batch (cos [1, seq, d]) and per sequence ([batch, seq, d]).
     auto q = torch::randn({2, 5, 3, 8}).to(dtype).transpose(1, 2);
@@ -35,6 +38,12 @@ TEST(Fused, TheCpuRunsTheTwinsBitForBit) {
 TEST(Fused, RefusesShapesThatDoNotFit) {
   EXPECT_THROW(ops::rms_norm(torch::randn({4, 8}), torch::ones({7}), 1e-6), InvalidArgument);
   EXPECT_THROW(ops::swiglu(torch::randn({4, 8}), torch::randn({4, 9})), InvalidArgument);
+  EXPECT_THROW(
+      ops::add_rms_norm(torch::randn({4, 8}), torch::randn({4, 7}), torch::ones({8}), 1e-6),
+      InvalidArgument);
+  EXPECT_THROW(
+      ops::add_rms_norm(torch::randn({4, 8}), torch::randn({4, 8}), torch::ones({7}), 1e-6),
+      InvalidArgument);
   const auto q = torch::randn({2, 3, 5, 8});
   EXPECT_THROW(ops::rope(q, torch::randn({1, 5, 6}), torch::randn({1, 5, 6})), InvalidArgument);
   EXPECT_THROW(ops::rope(q, torch::randn({3, 5, 8}), torch::randn({3, 5, 8})), InvalidArgument);

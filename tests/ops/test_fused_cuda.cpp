@@ -1,9 +1,10 @@
 // The CUDA kernels of fsdp/ops/fused.h against their ATen twins on the GPU: RMSNorm and SwiGLU,
 // forward and backward, fp32 (to float rounding) and bf16 (within a few of bf16's rounding
 // steps), over row lengths that do not divide by the block (3, 1000, 2048), more rows than the
-// backward's blocks, and more elements than one pass of SwiGLU's grid; the rotary embedding
-// against apply_rotary_pos_emb (float32 bit for bit). The float8 cast's kernels
-// (ops/cuda/float8_kernels.h) give the ATen cast's bytes and scale exactly, in every layout.
+// backward's blocks, and more elements than one pass of SwiGLU's grid; the residual add fused
+// with RMSNorm; the rotary embedding against apply_rotary_pos_emb (float32 bit for bit). The
+// float8 cast's kernels (ops/cuda/float8_kernels.h) give the ATen cast's bytes and scale
+// exactly, in every layout.
 // Skips without a GPU, fails under FSDP_REQUIRE_GPU=1, where the kernels must also be built.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
@@ -72,6 +73,43 @@ TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
           << c10::toString(dtype) << " rows " << rows << " d " << d;
       EXPECT_LT(rel_diff(wa.grad(), wb.grad()), tol)
           << c10::toString(dtype) << " rows " << rows << " d " << d;
+    }
+  }
+}
+
+// The residual add fused with the norm after it, h used again after (as the layer's second
+// residual): h bit for bit (one rounded add), the norm and the gradients of x, y and the weight
+// as RMSNorm's. Also with the norm's output alone used (h's other gradient undefined).
+TEST(FusedCuda, AddRmsNormEqualsTheAddThenTheNorm) {
+  FSDP_SKIP_WITHOUT_GPU();
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (bool h_used : {true, false}) {
+      torch::manual_seed(11);
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      auto x = (torch::randn({3, 67, 1000}) * 2).to(opts), y = torch::randn({3, 67, 1000}).to(opts);
+      auto w = (torch::rand({1000}) + 0.5).to(opts);
+      auto gh = torch::randn({3, 67, 1000}).to(opts), gn = torch::randn({3, 67, 1000}).to(opts);
+      auto xa = x.clone().requires_grad_(), ya = y.clone().requires_grad_(),
+           wa = w.clone().requires_grad_();
+      auto xb = x.clone().requires_grad_(), yb = y.clone().requires_grad_(),
+           wb = w.clone().requires_grad_();
+      auto [ha, na] = ops::add_rms_norm(xa, ya, wa, 1e-5);
+      auto hb = xb + yb;
+      auto nb = rms_norm_reference(hb, wb, 1e-5);
+      if (h_used) {
+        ((ha * gh).sum() + (na * gn).sum()).backward();
+        ((hb * gh).sum() + (nb * gn).sum()).backward();
+      } else {
+        (na * gn).sum().backward();
+        (nb * gn).sum().backward();
+      }
+      const auto where = ::testing::Message() << c10::toString(dtype) << " h used " << h_used;
+      const auto tol = tolerance(dtype);
+      EXPECT_TRUE(ha.equal(hb)) << where;
+      EXPECT_LT(rel_diff(na, nb), tol) << where;
+      EXPECT_LT(rel_diff(xa.grad(), xb.grad()), tol) << where;
+      EXPECT_LT(rel_diff(ya.grad(), yb.grad()), tol) << where;
+      EXPECT_LT(rel_diff(wa.grad(), wb.grad()), tol) << where;
     }
   }
 }

@@ -123,6 +123,10 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps, const BuildOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  // {x + y, forward(x + y)}: a residual add and this norm after it, one kernel on a GPU
+  // (fsdp/ops/fused.h's add_rms_norm).
+  std::pair<torch::Tensor, torch::Tensor> add_and_forward(const torch::Tensor& x,
+                                                          const torch::Tensor& y);
   torch::Tensor weight;
 
  private:

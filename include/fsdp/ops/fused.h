@@ -9,6 +9,8 @@
 
 #include <ATen/ATen.h>
 
+#include <utility>
+
 namespace fsdp::ops {
 
 // LlamaRMSNorm: weight * cast(x32 * rsqrt(mean(x32^2, -1) + eps)) with x32 = float32(x) and
@@ -18,6 +20,13 @@ namespace fsdp::ops {
 // the twin does (more exact, not bit-equal). Kernels on GPUs of compute capability 8.0 or
 // newer (built for sm_80 and sm_90, with PTX); older ones run the twin.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The residual add and the norm after it (a Llama layer's h = x + attention, then
+// post_attention_layernorm(h)): {h, rms_norm(h, weight, eps)}, h = x + y in their dtype. On a
+// GPU one kernel reads x and y once and writes h and the norm (rms_norm's numbers, on h); its
+// backward is rms_norm's kernel plus the add of h's other gradient.
+std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
+                                               const at::Tensor& weight, double eps);
 
 // SwiGLU's product: cast(silu(gate)) * up, gate and up of one shape and dtype. The kernel keeps
 // gate and up for the backward (the twin also keeps silu(gate)).

@@ -217,6 +217,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return ops::rms_norm(x, sp_ ? tp::copy_to_tp(weight, sp_) : weight, eps_);
 }
 
+std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::add_and_forward(const torch::Tensor& x,
+                                                                     const torch::Tensor& y) {
+  return ops::add_rms_norm(x, y, sp_ ? tp::copy_to_tp(weight, sp_) : weight, eps_);
+}
+
 namespace {
 
 // The rotary inverse frequencies, fp32 on the CPU (transformers makes the buffer at
@@ -372,8 +377,10 @@ DecoderLayerImpl::DecoderLayerImpl(const Config& c, const BuildOptions& o) {
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& documents) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, documents);
-  return h + mlp(post_attention_layernorm(h));
+  // h = x + attention, and its norm, in one kernel on a GPU.
+  auto [h, normed] = post_attention_layernorm->add_and_forward(
+      x, self_attn(input_layernorm(x), cos, sin, documents));
+  return h + mlp(normed);
 }
 
 LlamaModelImpl::LlamaModelImpl(const Config& c, const BuildOptions& o)

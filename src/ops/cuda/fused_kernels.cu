@@ -30,23 +30,32 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-template <typename T>
-__global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                        T* __restrict__ y, float* __restrict__ rstd, int64_t n,
+// With kResidual, the row normalised is h = cast(x + y), which is also written out (the fused
+// residual add); otherwise h is x.
+template <typename T, bool kResidual>
+__global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ y,
+                                        T* __restrict__ h, const T* __restrict__ w,
+                                        T* __restrict__ out, float* __restrict__ rstd, int64_t n,
                                         int64_t d, float eps) {
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {  // uniform over the block
     const T* xr = x + row * d;
-    T* yr = y + row * d;
+    T* outr = out + row * d;
     float sumsq = 0;
     for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-      const float v = to_f(xr[i]);
+      float v = to_f(xr[i]);
+      if (kResidual) {
+        const T sum = from_f<T>(__fadd_rn(v, to_f(y[row * d + i])));
+        h[row * d + i] = sum;  // read back below by this thread alone
+        v = to_f(sum);
+      }
       sumsq += v * v;
     }
     const float r = rsqrtf(block_sum(sumsq) / static_cast<float>(d) + eps);
     if (threadIdx.x == 0) rstd[row] = r;
+    const T* hr = kResidual ? h + row * d : xr;
     for (int64_t i = threadIdx.x; i < d; i += kThreads) {
       // LlamaRMSNorm: the normalised value cast to the input's dtype, then times the weight.
-      yr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(xr[i]) * r));
+      outr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(hr[i]) * r));
     }
   }
 }
@@ -162,16 +171,34 @@ int64_t rms_norm_workspace_floats(int64_t n, int64_t d) {
   return std::min<int64_t>(std::max<int64_t>(n, 1), kBackwardBlocks) * d;
 }
 
-cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
-                             int64_t n, int64_t d, float eps, cudaStream_t stream) {
+namespace {
+
+template <bool kResidual>
+cudaError_t rms_norm_forward_rows(DType dtype, const void* x, const void* y, void* h,
+                                  const void* weight, void* out, float* rstd, int64_t n, int64_t d,
+                                  float eps, cudaStream_t stream) {
   if (n == 0 || d == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
-    rms_norm_forward_kernel<T>
-        <<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(weight),
-                                          static_cast<T*>(y), rstd, n, d, eps);
+    rms_norm_forward_kernel<T, kResidual><<<blocks, kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(h),
+        static_cast<const T*>(weight), static_cast<T*>(out), rstd, n, d, eps);
   });
+}
+
+}  // namespace
+
+cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
+                             int64_t n, int64_t d, float eps, cudaStream_t stream) {
+  return rms_norm_forward_rows<false>(dtype, x, nullptr, nullptr, weight, y, rstd, n, d, eps,
+                                      stream);
+}
+
+cudaError_t add_rms_norm_forward(DType dtype, const void* x, const void* y, void* h,
+                                 const void* weight, void* out, float* rstd, int64_t n, int64_t d,
+                                 float eps, cudaStream_t stream) {
+  return rms_norm_forward_rows<true>(dtype, x, y, h, weight, out, rstd, n, d, eps, stream);
 }
 
 cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,

@@ -15,6 +15,11 @@ enum class DType { kFloat, kBFloat16, kHalf };
 // y = weight * cast(x * rstd) for n rows of d elements, rstd[row] = rsqrt(mean(x^2) + eps).
 cudaError_t rms_norm_forward(DType dtype, const void* x, const void* weight, void* y, float* rstd,
                              int64_t n, int64_t d, float eps, cudaStream_t stream);
+// The residual add and the norm in one pass: h = cast(x + y) (written), then out, rstd of h as
+// rms_norm_forward's; its backward is rms_norm_backward's on h.
+cudaError_t add_rms_norm_forward(DType dtype, const void* x, const void* y, void* h,
+                                 const void* weight, void* out, float* rstd, int64_t n, int64_t d,
+                                 float eps, cudaStream_t stream);
 // dx (the dtype) and dweight (float32, d elements, written: the sum over rows); `workspace`
 // holds rms_norm_workspace_floats(n, d) floats.
 cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
