@@ -87,9 +87,8 @@ void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch) {
                    "Validation tokens: the loss over windows of --seq + 1 tokens");
     app.add_option("--tokens-dtype", o.tokens_dtype,
                    "uint16, or uint32 for vocabularies above 65536")
-        ->check(CLI::IsMember({"uint16", "uint32"}))
-        ->capture_default_str();
-    app.add_option("--seq", o.train.seq, "Tokens per sequence")->capture_default_str();
+        ->check(CLI::IsMember({"uint16", "uint32"}));
+    app.add_option("--seq", o.train.seq, "Tokens per sequence");
     app.add_option("--batch", batch,
                    "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
     app.add_option(
@@ -104,9 +103,8 @@ void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch) {
                    "(transformers' position_ids with a block-diagonal causal mask). Without it "
                    "a window's tokens all attend to the ones before them");
   });
-  trainer::add_section(app, "optimizer", [&] {
-    app.add_option("--steps", o.train.steps, "Training steps")->capture_default_str();
-  });
+  trainer::add_section(app, "optimizer",
+                       [&] { app.add_option("--steps", o.train.steps, "Training steps"); });
   trainer::add_section(app, "validation", [&] {
     app.add_option("--val-loss-mask", o.val_loss_mask,
                    "One byte per token of --val-tokens: the validation loss is the mean over the "
@@ -149,8 +147,7 @@ void add_export_flags(CLI::App& app, Options& o) {
         "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
         "needs tokenizer.model)");
     app.add_option("--max-shard-bytes", o.max_shard_bytes,
-                   "--export-hf splits the weights into files of at most this many bytes")
-        ->capture_default_str();
+                   "--export-hf splits the weights into files of at most this many bytes");
     app.add_option("--export-adapter", o.export_adapter,
                    "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
                    "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
@@ -186,7 +183,7 @@ void add_logits_flags(CLI::App& app, Options& o) {
                    "Deprecated (a test aid). With --eval-only: write the "
                    "logits of the first --count validation windows to this safetensors file "
                    "(tensor \"logits\", fp32)");
-    app.add_option("--count", o.count, "Windows --dump-logits writes")->capture_default_str();
+    app.add_option("--count", o.count, "Windows --dump-logits writes");
   });
 }
 
@@ -200,21 +197,17 @@ void add_lora_flags(CLI::App& app, Options& o, GivenFlags& given, bool adapter_o
         app.add_option("--lora-rank", o.lora.rank,
                        "LoRA: train low-rank adapters of this rank on --lora-targets, "
                        "every other parameter frozen (PEFT's LoraConfig r; 0: full "
-                       "fine-tuning)")
-            ->capture_default_str();
+                       "fine-tuning)");
     given.lora_alpha = app.add_option("--lora-alpha", o.lora.alpha,
-                                      "LoRA: the adapters' update is scaled by alpha / rank")
-                           ->capture_default_str();
+                                      "LoRA: the adapters' update is scaled by alpha / rank");
     given.lora_dropout = app.add_option("--lora-dropout", o.lora.dropout,
-                                        "LoRA: dropout on the adapters' input while training")
-                             ->capture_default_str();
+                                        "LoRA: dropout on the adapters' input while training");
     given.lora_targets =
         app.add_option("--lora-targets", o.lora.targets,
                        fmt::format("LoRA: the Linears of every layer to adapt, comma-separated, "
                                    "some of {}",
                                    fmt::join(fsdp::models::lora_target_names(), ",")))
-            ->delimiter(',')
-            ->capture_default_str();
+            ->delimiter(',');
   });
 }
 
@@ -267,8 +260,7 @@ void add_tp_flags(CLI::App& app, Options& o, bool with_sp) {
     app.add_option("--tp", o.train.tp,
                    "Tensor parallelism: groups of this many consecutive ranks split every layer's "
                    "matmuls (heads, MLP and vocabulary; Megatron's layout), and fully_shard shards "
-                   "each rank's slices over the world / tp data-parallel ranks")
-        ->capture_default_str();
+                   "each rank's slices over the world / tp data-parallel ranks");
     if (!with_sp) return;
     app.add_flag("--sp", o.train.sp,
                  "Sequence parallelism with --tp: norms and residuals on chunks of the sequence "
@@ -352,17 +344,13 @@ void add_generation_flags(CLI::App& app, Options& o, GivenFlags& given) {
                  "turn, with the assistant's turn opened, as transformers' apply_chat_template("
                  "add_generation_prompt=True) does");
     app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
-    app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most")
-        ->capture_default_str();
+    app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most");
     app.add_option("--temperature", o.temperature,
                    "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
-                   "--seed)")
-        ->capture_default_str();
-    app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
-        ->capture_default_str();
+                   "--seed)");
+    app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)");
     app.add_option("--top-p", o.top_p,
-                   "Sample among the most likely tokens whose probabilities sum to p (1: all)")
-        ->capture_default_str();
+                   "Sample among the most likely tokens whose probabilities sum to p (1: all)");
     app.add_flag("--ignore-eos", o.ignore_eos,
                  "Go on past the end-of-sequence ids (by default generation stops after one, as "
                  "transformers' generate: generation_config.json's, else config.json's)");

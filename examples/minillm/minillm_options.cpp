@@ -83,8 +83,7 @@ struct Sizes {
 void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
   trainer::add_section(app, "model", [&] {
     app.add_option("--preset", o.preset, "Sizes to start from")
-        ->check(CLI::IsMember({"cpu-small", "reference"}))
-        ->capture_default_str();
+        ->check(CLI::IsMember({"cpu-small", "reference"}));
     app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)");
     app.add_option("--dim", sizes.dim, "Model width");
     app.add_option("--layers", sizes.layers, "Transformer blocks");
@@ -97,8 +96,7 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
                    "cpu-small, 8 per rank for reference)");
     app.add_option("--data", o.data,
                    fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
-                               kDefaultTextPath))
-        ->capture_default_str();
+                               kDefaultTextPath));
   });
   trainer::add_section(app, "optimizer",
                        [&] { app.add_option("--steps", sizes.steps, "Training steps"); });

@@ -29,12 +29,10 @@ void add_memory_flags(CLI::App& app, TrainOptions& o) {
                  "Quantized weight all-gather (ZeRO++'s qwZ): every unit gathers its parameters "
                  "as int8 in blocks of this many elements, one float32 scale each, and computes "
                  "with the dequantized weights (about 1/4 of fp32's bytes, 1/2 of bf16's); the "
-                 "shards, gradients and optimizer keep full precision. 0: off")
-      ->capture_default_str();
+                 "shards, gradients and optimizer keep full precision. 0: off");
   app.add_option("--replicas", o.replicas,
                  "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
-                 "replicas consecutive ranks; gradients are all-reduced across replicas")
-      ->capture_default_str();
+                 "replicas consecutive ranks; gradients are all-reduced across replicas");
 }
 
 // [job]'s flags of a training run (add_job_flags has those of any run).
@@ -53,36 +51,30 @@ void add_loss_flags(CLI::App& app, TrainOptions& o) {
                "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
                "logits never exist; the same loss and gradients)");
   app.add_option("--loss-chunk", o.loss_chunk,
-                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
-      ->capture_default_str();
+                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)");
 }
 
 void add_optimizer_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->capture_default_str();
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)");
   app.add_option("--warmup", o.warmup,
-                 "Steps of linear warmup: step s < W trains at lr * (s + 1) / W")
-      ->capture_default_str();
+                 "Steps of linear warmup: step s < W trains at lr * (s + 1) / W");
   add_choice(app, "--lr-schedule", o.lr_schedule,
              "After warmup: constant, or cosine from --lr down to --lr-min at the last step");
-  app.add_option("--lr-min", o.lr_min, "The cosine schedule's last learning rate")
-      ->capture_default_str();
+  app.add_option("--lr-min", o.lr_min, "The cosine schedule's last learning rate");
   app.add_option("--weight-decay", o.weight_decay,
                  "AdamW's decoupled weight decay, on parameters of 2 or more dimensions only "
-                 "(norms and biases get none)")
-      ->capture_default_str();
-  app.add_option("--beta1", o.beta1, "AdamW's beta1")->capture_default_str();
-  app.add_option("--beta2", o.beta2, "AdamW's beta2")->capture_default_str();
+                 "(norms and biases get none)");
+  app.add_option("--beta1", o.beta1, "AdamW's beta1");
+  app.add_option("--beta2", o.beta2, "AdamW's beta2");
   add_choice(app, "--optimizer", o.optimizer,
              "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
              "libtorch's torch::optim::AdamW (nine ops per parameter)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
-                 "optimizer step; 0: no clipping")
-      ->capture_default_str();
+                 "optimizer step; 0: no clipping");
   app.add_option("--grad-accum", o.grad_accum,
                  "Micro-batches per step: each rank's batch is split into this many, their "
-                 "gradients accumulate unsharded (no communication) and are reduced once")
-      ->capture_default_str();
+                 "gradients accumulate unsharded (no communication) and are reduced once");
   app.add_flag("--grad-accum-sync", o.grad_accum_sync,
                "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
                "no full gradients kept; more communication)");
@@ -92,10 +84,8 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--save-dir", o.save_dir,
                  "Write sharded checkpoints (parameters and optimizer state) to this directory");
   app.add_option("--save-every", o.save_every,
-                 "Steps between checkpoints (0: one at the end); needs --save-dir")
-      ->capture_default_str();
-  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)")
-      ->capture_default_str();
+                 "Steps between checkpoints (0: one at the end); needs --save-dir");
+  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)");
   app.add_flag("--resume", o.resume,
                "Continue from the latest complete checkpoint in --save-dir, saved at any world "
                "size (none there: start from step 0)");
@@ -104,12 +94,10 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
 void add_validation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--eval-every", o.eval_every,
                  "Validation loss every N steps and after the last (0: after the last only, when "
-                 "there is validation data)")
-      ->capture_default_str();
+                 "there is validation data)");
   app.add_flag("--eval-only", o.eval_only,
                "Print the validation loss of the weights given and exit, without training");
-  app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward")
-      ->capture_default_str();
+  app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward");
 }
 
 void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_steps) {
@@ -117,8 +105,7 @@ void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_st
                  "Profile steps A to B (A:B, inclusive, 0-based) with libtorch's profiler: one "
                  "Chrome/Perfetto trace per rank in --profile-dir, and rank 0 prints the top "
                  "operators and FSDP's communication figures");
-  app.add_option("--profile-dir", o.profile_dir, "Where --profile-steps writes its traces")
-      ->capture_default_str();
+  app.add_option("--profile-dir", o.profile_dir, "Where --profile-steps writes its traces");
   app.add_flag("!--no-profile-shapes", o.profile_shapes,
                "Leave operator shapes and FLOPs out of the trace (less profiling overhead; "
                "scripts/roofline.py needs them)");
@@ -130,16 +117,14 @@ void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_st
 
 void add_job_flags(CLI::App& app, TrainOptions& o) {
   add_section(app, "job", [&] {
-    app.add_option("--seed", o.seed, "Seed of parameters and data")->capture_default_str();
+    app.add_option("--seed", o.seed, "Seed of parameters and data");
     app.add_option("--threads", o.threads,
                    "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local "
-                   "ranks)")
-        ->capture_default_str();
+                   "ranks)");
     app.add_option("--comm-timeout", o.comm_timeout_s,
                    "Seconds a collective or the rendezvous may wait for the other ranks before "
                    "the run fails with an error naming the operation (a dead or stuck rank)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+        ->check(CLI::PositiveNumber);
   });
   add_section(app, "model", [&] {
     add_choice(app, "--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)");
@@ -153,27 +138,23 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
                    "Print the memory per rank and the communication per step these flags need "
                    "(the planner), then exit without training");
     }
-    app.add_option("--plan-world", o.plan_world,
-                   "World size to plan for (default: the launched one)");
+    app.add_option("--plan-world", o.plan_world, "World size to plan for (0: the launched one)");
     app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
-                   "Ranks per machine, consecutive (0: all on one machine)")
-        ->capture_default_str();
+                   "Ranks per machine, consecutive (0: all on one machine)");
     app.add_option("--plan-collectives", o.plan_collectives,
                    "Measured collective times (collectives_bench --table) instead of --plan-links");
     app.add_option("--plan-links", o.plan_links,
                    "INTRA,INTER,LATENCY: bus bandwidth in GB/s within and between machines and "
                    "microseconds per collective (default: typical H200 NVLink and 400 Gb/s "
-                   "InfiniBand figures, assumed)")
-        ->capture_default_str();
-    app.add_option(
-        "--plan-capacity-gib", o.plan_capacity_gib,
-        "Memory per rank in GiB; the plan fails naming the numbers when it does not fit");
+                   "InfiniBand figures, assumed)");
+    app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
+                   "Memory per rank in GiB (0: not checked); the plan fails naming the numbers "
+                   "when it does not fit");
     app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
     app.add_option("--plan-search", o.plan_search,
                    "Also print this many of the best layouts of --plan-world ranks (replicas x "
                    "shards x tensor-parallel degree, TP within a host) that fit "
-                   "--plan-capacity-gib, by communication per step")
-        ->capture_default_str();
+                   "--plan-capacity-gib, by communication per step");
   });
 }
 
@@ -335,6 +316,9 @@ std::string check_job(const TrainOptions& o, int world) {
 
 std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv) {
   use_sections(app);
+  // Every option's value as registered is its default in --help (a choice and a flag carry
+  // theirs already, and have nothing to capture).
+  for (CLI::Option* option : app.get_options()) option->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
