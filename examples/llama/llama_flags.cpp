@@ -248,6 +248,11 @@ void add_float8_flags(CLI::App& app, Options& o) {
            "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "
            "gate_proj, up_proj, down_proj)")
         ->delimiter(',');
+    trainer::add_choice(app, "--float8-recipe", o.float8.scaling,
+                        "With --float8: torchao's recipe: tensorwise (one scale per tensor, the "
+                        "gradients in e5m2), or rowwise (a power-of-2 scale per row of each GEMM "
+                        "operand, all in e4m3: more accurate where tokens differ in magnitude; "
+                        "not with --float8-all-gather)");
     app.add_flag("--float8-all-gather", o.float8_all_gather,
                  "With --float8: FSDP gathers those Linears' weights in float8 (torchao's "
                  "enable_fsdp_float8_all_gather): half of bf16's bytes for them, the same numbers "
@@ -291,10 +296,16 @@ std::string check_lora(const Options& o) {
 }
 
 std::string check_float8(const Options& o) {
-  if (!o.float8.enabled && o.float8.skip.empty() && !o.float8_all_gather) return "";
+  const bool rowwise = o.float8.scaling == fsdp::ops::Float8Scaling::rowwise;
+  if (!o.float8.enabled && o.float8.skip.empty() && !o.float8_all_gather && !rowwise) return "";
   if (!o.float8.enabled) {
     return o.float8_all_gather ? "--float8-all-gather needs --float8"
+           : rowwise           ? "--float8-recipe needs --float8"
                                : "--float8-skip needs --float8";
+  }
+  if (rowwise && o.float8_all_gather) {
+    return "--float8-all-gather casts each weight with one scale: it needs --float8-recipe "
+           "tensorwise, not rowwise";
   }
   if (o.float8_all_gather && o.train.quantize_all_gather > 0) {
     return "--float8-all-gather and --quantize-all-gather: give one (each is the layers' "

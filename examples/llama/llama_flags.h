@@ -46,7 +46,7 @@ void add_lora_flags(CLI::App& app, Options& o, GivenFlags& given, bool adapter_o
 // Reads --lora-adapter's configuration into o.lora; a flag given too must agree. The error or "".
 std::string read_lora_adapter(Options& o, const GivenFlags& given);
 
-// [float8]: --float8, --float8-skip, --float8-all-gather.
+// [float8]: --float8, --float8-skip, --float8-recipe, --float8-all-gather.
 void add_float8_flags(CLI::App& app, Options& o);
 
 // [parallelism]: --tp, and --sp with it when `with_sp`.

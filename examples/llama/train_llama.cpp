@@ -32,7 +32,7 @@ using llama::TokenData;
 std::string float8_summary(const Options& o) {
   const auto& f = o.float8;
   if (!f.enabled) return "";
-  return fmt::format("; float8 Linears (tensorwise){}{};",
+  return fmt::format("; float8 Linears ({}){}{};", trainer::name(f.scaling),
                      f.skip.empty() ? "" : fmt::format(" but {}", fmt::join(f.skip, ",")),
                      o.float8_all_gather ? ", gathered in float8" : "");
 }

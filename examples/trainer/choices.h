@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/ops/float8_scaling.h"
+
 namespace trainer {
 
 // --dtype, --export-dtype: fp32, or bf16 (bf16 compute, fp32 reduction and master shards).
@@ -21,6 +23,9 @@ enum class LrSchedule { constant, cosine };
 enum class Nonfinite { stop, skip, off };
 // --offload: none; optimizer (AdamW's moments on the host); all (FSDP2's CPUOffloadPolicy).
 enum class Offload { none, optimizer, all };
+
+// --float8-recipe: torchao's recipe names (fsdp/ops/float8_scaling.h).
+using fsdp::ops::Float8Scaling;
 
 // The words of each choice, in --help's order.
 template <class E>
@@ -54,6 +59,13 @@ template <>
 inline const std::vector<std::pair<std::string, Offload>>& choice_words<Offload>() {
   static const std::vector<std::pair<std::string, Offload>> w = {
       {"none", Offload::none}, {"optimizer", Offload::optimizer}, {"all", Offload::all}};
+  return w;
+}
+
+template <>
+inline const std::vector<std::pair<std::string, Float8Scaling>>& choice_words<Float8Scaling>() {
+  static const std::vector<std::pair<std::string, Float8Scaling>> w = {
+      {"tensorwise", Float8Scaling::tensorwise}, {"rowwise", Float8Scaling::rowwise}};
   return w;
 }
 

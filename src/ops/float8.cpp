@@ -26,10 +26,18 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   // variable autograd can describe.
   struct Scale {
     at::Tensor gathered;
+    Float8Scaling scaling = Float8Scaling::tensorwise;
   };
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const Scale& scale) {
     ctx->save_for_backward({x, weight});
+    ctx->saved_data["rowwise"] = scale.scaling == Float8Scaling::rowwise;
+    if (scale.scaling == Float8Scaling::rowwise) {
+      // torchao's axiswise casts: x by rows, weight^T by columns (the weight's output rows).
+      const auto x8 = to_float8_rowwise(x, at::kFloat8_e4m3fn, -1);
+      const auto w8 = to_float8_rowwise(weight, at::kFloat8_e4m3fn, 1);
+      return float8_mm(x8, {w8.data.t(), w8.scale.t()}, x.scalar_type(), /*fast_accum=*/true);
+    }
     const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, /*row=*/true, false);
     const auto w_scale = weight_scale(weight, scale.gathered);
     const auto w8 = detail::cast_to_float8(weight, at::kFloat8_e4m3fn, w_scale, true, false);
@@ -42,6 +50,7 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     const auto& x = saved[0];
     const auto& weight = saved[1];
     const auto& dy = grad_outputs[0];
+    if (ctx->saved_data["rowwise"].toBool()) return rowwise_backward(ctx, x, weight, dy);
     // dy's cast serves both GEMMs (torchao's two casts of it use the same config): row-major
     // for dx's, transposed for dw's, in one pass on a GPU. The tokens are dw's inner dimension,
     // which a GPU's _scaled_mm wants a multiple of 16 (torchao's pad_inner_dim): zero columns
@@ -64,6 +73,30 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   }
 
  private:
+  // torchao's rowwise backward: every cast e4m3 and along the GEMM's inner dimension, so dy and
+  // the weight are cast once per GEMM (dy by rows for dx, by columns for dW; the weight by its
+  // input columns), x by columns; no fast accumulation. A GPU's weight-gradient GEMM gets the
+  // tokens padded to 16 with zero rows, which change no column's largest magnitude.
+  static variable_list rowwise_backward(AutogradContext* ctx, const at::Tensor& x,
+                                        const at::Tensor& weight, const at::Tensor& dy) {
+    constexpr auto e4m3 = at::kFloat8_e4m3fn;
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      dx = float8_mm(to_float8_rowwise(dy, e4m3, -1), to_float8_rowwise(weight, e4m3, 0),
+                     dy.scalar_type(), /*fast_accum=*/false);
+    }
+    if (ctx->needs_input_grad(1)) {
+      const int64_t m = x.size(0), pad = dy.is_cuda() ? (16 - m % 16) % 16 : 0;
+      auto rows = [&](const at::Tensor& t) {
+        return pad == 0 ? t : at::constant_pad_nd(t, {0, 0, 0, pad});
+      };
+      const auto dy8 = to_float8_rowwise(rows(dy), e4m3, 0);
+      dw = float8_mm({dy8.data.t(), dy8.scale.t()}, to_float8_rowwise(rows(x), e4m3, 0),
+                     dy.scalar_type(), /*fast_accum=*/false);
+    }
+    return {dx, dw, at::Tensor()};
+  }
+
   // The gathered scale where it is the weight's (float8.h), else the weight's own; on the
   // device, without a host sync.
   static at::Tensor weight_scale(const at::Tensor& weight, const at::Tensor& gathered) {
@@ -98,6 +131,22 @@ at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype) {
   return amax.to(at::kDouble).clamp_min(1e-12).reciprocal().mul(float8_max(dtype)).to(at::kFloat);
 }
 
+Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_t dim) {
+  FSDP_CHECK_ARG(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
+                 "to_float8_rowwise: the target must be float8_e4m3fn or float8_e5m2, got {}",
+                 c10::toString(dtype));
+  FSDP_CHECK_ARG(
+      at::isFloatingType(t.scalar_type()) && t.dim() == 2 && t.numel() > 0 && dim >= -2 && dim <= 1,
+      "to_float8_rowwise: expected a non-empty floating 2-D tensor and dim 0, 1 or -1, "
+      "got {} of {} and dim {}",
+      c10::toString(t.scalar_type()), t.sizes(), dim);
+  // torchao's tensor_to_amax (axiswise), amax_to_scale, _round_scale_down_to_power_of_2.
+  auto scale = float8_scale(t.abs().amax({dim}, /*keepdim=*/true), dtype);
+  scale = at::exp2(at::floor(at::log2(scale)));
+  const double max = float8_max(dtype);
+  return {(t.to(at::kFloat) * scale).clamp_(-max, max).to(dtype), scale};
+}
+
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale) {
   FSDP_CHECK_ARG(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
                  "to_float8: the target must be float8_e4m3fn or float8_e5m2, got {}",
@@ -109,19 +158,48 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tens
   return {c.row, c.scale};
 }
 
-at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype) {
+at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                     std::optional<bool> fast_accum) {
   FSDP_CHECK_ARG(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
                  "float8_mm: expected [m, k] @ [k, n], got {} @ {}", a.data.sizes(),
                  b.data.sizes());
+  const int64_t m = a.data.size(0), n = b.data.size(1);
+  const bool rowwise = a.scale.numel() != 1 || b.scale.numel() != 1;
+  FSDP_CHECK_ARG(!rowwise || (a.scale.sizes() == at::IntArrayRef{m, 1} &&
+                              b.scale.sizes() == at::IntArrayRef{1, n}),
+                 "float8_mm: expected scales of one element each, or [{}, 1] and [1, {}] "
+                 "(rowwise), got {} and {}",
+                 m, n, a.scale.sizes(), b.scale.sizes());
+  // The forward's GEMM with fast accumulation (torchao's gemm_config_output), as the CPU
+  // ignores it and Hopper's float8 GEMMs gain from it; the backward's without.
+  const bool fast = fast_accum.value_or(a.data.scalar_type() == at::kFloat8_e4m3fn);
+  if (rowwise && !a.data.is_cuda()) {
+    // torchao's emulation (Float8LinearConfig.emulate): the dequantized operands in float32.
+    return at::mm(a.data.to(at::kFloat) / a.scale, b.data.to(at::kFloat) / b.scale).to(out_dtype);
+  }
   // torchao's preprocess_addmm: _scaled_mm takes a row-major and b column-major.
   auto a_data = row_major(a.data) ? a.data : a.data.contiguous();
   auto b_data = row_major(b.data) ? b.data.t().contiguous().t() : b.data;
-  // The forward's GEMM with fast accumulation (torchao's gemm_config_output), as the CPU
-  // ignores it and Hopper's float8 GEMMs gain from it; the backward's without.
-  const bool fast_accum = a.data.scalar_type() == at::kFloat8_e4m3fn;
-  return at::_scaled_mm(a_data, b_data, a.scale.reciprocal(), b.scale.reciprocal(),
-                        /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out_dtype,
-                        fast_accum);
+  auto a_inverse = a.scale.reciprocal(), b_inverse = b.scale.reciprocal();
+  if (!rowwise) {
+    return at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
+                          /*scale_result=*/std::nullopt, out_dtype, fast);
+  }
+  // torchao's addmm_float8_unwrapped with rowwise scales: without fast accumulation the
+  // tensorwise kernel and the scales after it (the rowwise kernel is slow then); a float32 or
+  // float16 result computed in bf16 (_scaled_mm's rowwise form returns bf16 only).
+  at::Tensor after;
+  if (!fast) {
+    after = a_inverse * b_inverse;
+    a_inverse = at::ones({}, a_inverse.options());
+    b_inverse = at::ones({}, b_inverse.options());
+  }
+  const auto mm_dtype =
+      out_dtype == at::kFloat || out_dtype == at::kHalf ? at::kBFloat16 : out_dtype;
+  auto out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
+                            /*scale_result=*/std::nullopt, mm_dtype, fast);
+  if (after.defined()) out.mul_(after);
+  return out.to(out_dtype);
 }
 
 std::string float8_linear_unsupported(int64_t in, int64_t out) {
@@ -133,7 +211,7 @@ std::string float8_linear_unsupported(int64_t in, int64_t out) {
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                         const at::Tensor& weight_scale) {
+                         const at::Tensor& weight_scale, Float8Scaling scaling) {
   FSDP_CHECK_ARG(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
                  "float8_linear: expected x [..., in] and weight [out, in], got {} and {}",
                  x.sizes(), weight.sizes());
@@ -149,9 +227,12 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
   FSDP_CHECK_ARG(!weight_scale.defined() || weight_scale.numel() == 1,
                  "float8_linear: expected a weight scale of one element, got {}",
                  weight_scale.numel());
-  auto y =
-      Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight, Float8Matmul::Scale{weight_scale})
-          .reshape(out_shape);
+  FSDP_CHECK_ARG(!weight_scale.defined() || scaling == Float8Scaling::tensorwise,
+                 "float8_linear: a gathered weight scale is tensorwise; rowwise scaling casts the "
+                 "weight by rows itself");
+  auto y = Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight,
+                               Float8Matmul::Scale{weight_scale, scaling})
+               .reshape(out_shape);
   // Float8Linear.forward: the bias added after the GEMM, in the output's dtype.
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }

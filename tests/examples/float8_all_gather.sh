@@ -49,6 +49,10 @@ done
 # --float8-all-gather without --float8
 expect_error "--float8-all-gather needs --float8" \
   "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --float8-all-gather
+# --float8-all-gather with rowwise scaling (a gathered weight has one scale)
+expect_error "--float8-all-gather casts each weight with one scale: it needs --float8-recipe tensorwise" \
+  "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --float8 --float8-all-gather \
+  --float8-recipe rowwise
 # --float8-all-gather with --quantize-all-gather
 expect_error "give one" \
   "$bin" --hf-dir "$tmp/model" --data-tokens "$tmp/train.bin" --float8 --float8-all-gather \

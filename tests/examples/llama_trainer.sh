@@ -142,6 +142,11 @@ expect_error "must divide the attention heads (4) and the key/value heads (2)" \
 # --float8-skip without --float8
 expect_error "--float8-skip needs --float8" \
   "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8-skip k_proj
+# --float8-recipe without --float8, and a recipe that is none of torchao's two
+expect_error "--float8-recipe needs --float8" \
+  "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8-recipe rowwise
+expect_error "--float8-recipe: tensorwise_gw not in {tensorwise,rowwise}" \
+  "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --float8-recipe tensorwise_gw
 # --float8 skipping no Linear
 expect_error "'qkv' to skip names no Linear of a decoder layer" \
   "$bin" --hf-dir "$tmp/model" "${small[@]}" --float8 --float8-skip qkv

@@ -92,6 +92,11 @@ TEST(LlamaFloat8, BadOptionsAreNamed) {
   off.float8.enabled = false;
   expect_error_containing<InvalidArgument>([&] { llama::validate_float8(c, off.float8); },
                                            "float8 is off");
+  auto rowwise_off = with_float8();
+  rowwise_off.float8.enabled = false;
+  rowwise_off.float8.scaling = ops::Float8Scaling::rowwise;
+  expect_error_containing<InvalidArgument>([&] { llama::validate_float8(c, rowwise_off.float8); },
+                                           "rowwise scaling but float8 is off");
   // tiny_llama's intermediate 90 and hidden 56: not multiples of 16, named, before any build.
   expect_error_containing<InvalidArgument>(
       [&] { build_seeded(tiny_llama(), kSeed, with_float8()); }, "q_proj is a Linear of 56 inputs");

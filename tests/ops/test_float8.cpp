@@ -179,6 +179,89 @@ TEST(Float8Linear, OutputAndGradientsAreTheFloat8Gemms) {
   }
 }
 
+// torchao's rowwise recipe by hand: each GEMM's operands cast along its inner dimension (e4m3,
+// power-of-2 scales), the dequantized operands multiplied (torchao's emulation on the CPU).
+Expected rowwise_by_hand(const LinearCase& c) {
+  const auto dtype = c.x.scalar_type();
+  const auto x = c.x.detach().reshape({-1, 64});
+  const auto w = c.weight.detach();
+  const auto dy = c.dy.reshape({-1, 96});
+  auto dq = [](const at::Tensor& t, int64_t dim) {
+    return dequantize(ops::to_float8_rowwise(t, at::kFloat8_e4m3fn, dim));
+  };
+  Expected e;
+  e.y = (at::mm(dq(x, 1), dq(w, 1).t()).to(dtype) + c.bias.detach()).reshape({2, 24, 96});
+  e.dx = at::mm(dq(dy, 1), dq(w, 0)).to(dtype).reshape({2, 24, 64});
+  e.dw = at::mm(dq(dy, 0).t(), dq(x, 0)).to(dtype);
+  e.db = dy.to(at::kFloat).sum(0);
+  return e;
+}
+
+TEST(Float8Cast, RowwiseScalesArePowersOfTwoPerRowOrColumn) {
+  torch::manual_seed(5);
+  // Rows of very different magnitudes, one all zero.
+  auto t = torch::randn({6, 32}) * torch::tensor({1e-3, 0.5, 3.0, 40.0, 1e3, 0.0}).unsqueeze(1);
+  for (int64_t dim : {1, 0}) {
+    const auto c = ops::to_float8_rowwise(t, at::kFloat8_e4m3fn, dim);
+    ASSERT_EQ(c.scale.sizes(),
+              (dim == 1 ? std::vector<int64_t>{6, 1} : std::vector<int64_t>{1, 32}));
+    EXPECT_EQ(c.scale.scalar_type(), at::kFloat);
+    // A power of 2, the largest one that keeps the slice's largest magnitude within 448 (the
+    // zero row: 448 / 1e-12 rounded down).
+    const auto amax = t.abs().amax({dim}, true).clamp_min(1e-12).to(at::kDouble);
+    const auto s = c.scale.to(at::kDouble);
+    EXPECT_TRUE(at::exp2(at::log2(s).round()).equal(s)) << dim;
+    EXPECT_TRUE((amax * s <= 448).all().item<bool>()) << dim;
+    EXPECT_TRUE((amax * s * 2 > 448).all().item<bool>()) << dim;
+    // The data: the scaled values rounded to e4m3.
+    const auto want = (t * c.scale).clamp(-448, 448).to(at::kFloat8_e4m3fn);
+    EXPECT_TRUE(c.data.view(at::kByte).equal(want.view(at::kByte))) << dim;
+  }
+  EXPECT_THROW(ops::to_float8_rowwise(torch::randn({2, 3, 4}), at::kFloat8_e4m3fn, 1),
+               InvalidArgument);
+  EXPECT_THROW(ops::to_float8_rowwise(t, at::kFloat8_e4m3fn, 2), InvalidArgument);
+}
+
+TEST(Float8Mm, RowwiseScalesEqualTheDequantizedProduct) {
+  torch::manual_seed(6);
+  const auto a = ops::to_float8_rowwise(torch::randn({24, 64}), at::kFloat8_e4m3fn, 1);
+  const auto b = ops::to_float8_rowwise(torch::randn({32, 64}), at::kFloat8_e4m3fn, 1);
+  const auto got = ops::float8_mm(a, {b.data.t(), b.scale.t()}, at::kFloat);
+  EXPECT_TRUE(got.equal(at::mm(dequantize(a), dequantize(b).t())));
+  // One operand's scale of the wrong shape is refused, naming the shapes it takes.
+  EXPECT_THROW(ops::float8_mm(a, {b.data.t(), b.scale}, at::kFloat), InvalidArgument);
+}
+
+TEST(Float8Linear, RowwiseOutputAndGradientsAreTorchaosRowwiseGemms) {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    auto c = make_linear(dtype);
+    const auto want = rowwise_by_hand(c);
+    auto y = ops::float8_linear(c.x, c.weight, c.bias, {}, ops::Float8Scaling::rowwise);
+    y.backward(c.dy);
+    EXPECT_TRUE(y.equal(want.y)) << c10::toString(dtype);
+    EXPECT_TRUE(c.x.grad().equal(want.dx)) << c10::toString(dtype);
+    EXPECT_TRUE(c.weight.grad().equal(want.dw)) << c10::toString(dtype);
+    EXPECT_LT(rel8(c.bias.grad(), want.db), dtype == at::kFloat ? 1e-6 : 1e-2);
+  }
+  // Where tokens differ in magnitude, rowwise keeps the small ones that tensorwise flushes
+  // towards zero: its output is far closer to the high-precision linear's.
+  torch::manual_seed(7);
+  const auto x = torch::randn({64, 64}) * at::pow(10.0, torch::linspace(-4, 2, 64)).unsqueeze(1);
+  const auto w = torch::randn({32, 64}) * 0.1;
+  const auto exact = at::linear(x, w, {});
+  const auto rowwise = ops::float8_linear(x, w, {}, {}, ops::Float8Scaling::rowwise);
+  const auto tensorwise = ops::float8_linear(x, w, {});
+  auto worst_row = [&](const at::Tensor& y) {  // the worst token's relative error
+    return ((y - exact).abs().amax(1) / exact.abs().amax(1)).max().item<double>();
+  };
+  EXPECT_LT(worst_row(rowwise), 0.1);
+  EXPECT_GT(worst_row(tensorwise), 10 * worst_row(rowwise));
+  auto c = make_linear(at::kFloat);
+  EXPECT_THROW(
+      ops::float8_linear(c.x, c.weight, c.bias, torch::ones({}), ops::Float8Scaling::rowwise),
+      InvalidArgument);
+}
+
 TEST(Float8Linear, AFrozenWeightGetsNoGradientAndNoBiasIsFine) {
   auto c = make_linear(at::kFloat);
   c.weight.requires_grad_(false);

@@ -19,10 +19,10 @@ with --tp T, PyTorch's own tensor parallelism (parallelize_module with TorchTita
 loss_parallel) under fully_shard on init_device_mesh("cpu", (world / T, T)), and train_llama --tp T.
 With --lora, PEFT's LoraConfig adapters (written by hf_llama.py make-lora: A drawn by PEFT, B
 zero) on the frozen model on both sides: PeftModel under FSDP2 against train_llama --lora-adapter.
-With --float8, torchao's float8 training (convert_to_float8_training, recipe tensorwise, on the
-decoder layers' Linears but --float8-skip's) against train_llama --float8, and the C++ run again
-without float8: its loss curve must differ from the float8 one (float8 was on) by at most 2% at
-any step.
+With --float8, torchao's float8 training (convert_to_float8_training, recipe tensorwise or
+--float8-recipe's, on the decoder layers' Linears but --float8-skip's) against train_llama
+--float8, and the C++ run again without float8: its loss curve must differ from the float8 one
+(float8 was on) by at most 2% at any step.
 The C++ side runs as
   train_llama --hf-dir --data-tokens --seq --batch --steps --lr --warmup --lr-schedule
               --weight-decay --seed --threads=1 --optimizer=fused-adamw --metrics-out
@@ -120,6 +120,7 @@ def check_losses(a, tmp, hf_dir, train, val, env):
     if a.float8:
         common += ["--float8"] + ([f"--float8-skip={a.float8_skip}"] if a.float8_skip else [])
         common += ["--float8-all-gather"] if a.float8_all_gather else []
+        common += [f"--float8-recipe={a.float8_recipe}"]
     if a.pack:
         # Documents of 5 to 60 tokens, each starting with token 0 (a begin-of-text id), packed
         # into the windows: positions restart and attention stays inside each on both sides.
@@ -274,6 +275,9 @@ def main():
                    help="float8 training on both sides: torchao's Float8Linear (tensorwise) "
                         "against train_llama --float8; and the C++ run against itself in fp32")
     p.add_argument("--float8-skip", default="", help="with --float8: Linears left out")
+    p.add_argument("--float8-recipe", choices=["tensorwise", "rowwise"], default="tensorwise",
+                   help="with --float8: torchao's recipe on both sides (rowwise: train_llama "
+                        "--float8-recipe rowwise against torchao's rowwise emulated on the CPU)")
     p.add_argument("--float8-all-gather", action="store_true",
                    help="with --float8: the weights gathered in float8 on both sides (torchao's "
                         "enable_fsdp_float8_all_gather, train_llama --float8-all-gather)")

@@ -81,10 +81,11 @@ class LinearImpl : public torch::nn::Module {
   void add_lora(const LoraOptions& lora, const BuildOptions& options);
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
   double lora_scaling() const { return lora_scaling_; }
-  // The GEMMs in float8 from now on (ops::float8_linear; validate_float8 says which Linears
-  // can). Not with an adapter or tensor parallelism.
-  void use_float8();
+  // The GEMMs in float8 from now on (ops::float8_linear, with `scaling`; validate_float8 says
+  // which Linears can). Not with an adapter or tensor parallelism.
+  void use_float8(ops::Float8Scaling scaling = ops::Float8Scaling::tensorwise);
   bool float8() const { return float8_; }
+  ops::Float8Scaling float8_scaling() const { return float8_scaling_; }
   // The scale a float8 all-gather cast the weight with (ops::float8_linear's weight_scale; set
   // by use_float8_all_gather's hook at each gather).
   void set_float8_weight_scale(const torch::Tensor& scale) { float8_weight_scale_ = scale; }
@@ -92,6 +93,7 @@ class LinearImpl : public torch::nn::Module {
  private:
   double lora_scaling_ = 0, lora_dropout_ = 0;
   bool float8_ = false;
+  ops::Float8Scaling float8_scaling_ = ops::Float8Scaling::tensorwise;
   torch::Tensor float8_weight_scale_;  // undefined: the weight's own
   TpStyle style_;
   ProcessGroupPtr tp_;

@@ -19,6 +19,10 @@
 // kernels, the largest magnitude and then the cast, which also writes the transposed operand a
 // backward GEMM takes; they give the ATen ops' bytes and scale.
 //
+// Rowwise scaling (Float8Scaling, float8_scaling.h: torchao's recipe "rowwise") casts each GEMM's
+// operands by rows along the GEMM's inner dimension instead: to_float8_rowwise, float8_linear's
+// `scaling`.
+//
 // Equal to torchao 0.18's Float8Linear on the CPU (tests/reference/hf_llama.py train --float8
 // is the reference); on a GPU _scaled_mm needs sm_89 or newer, and the forward's GEMM uses
 // fast accumulation there as torchao's does (the CPU has only one). The weight gradient's GEMM
@@ -29,7 +33,10 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "fsdp/ops/float8_scaling.h"
 
 namespace fsdp::ops {
 
@@ -48,9 +55,23 @@ at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype);
 // The cast with a given `scale` (float32, one element) instead of the tensor's own.
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale);
 
+// The rowwise cast: t [rows, cols] with one scale per slice along `dim` (torchao's axiswise cast,
+// axiswise_dim = dim: the largest magnitude over `dim`, kept as a dimension of 1), each
+// float8_scale of its slice's largest magnitude rounded down to a power of 2 (torchao's
+// round_scales_to_power_of_2, which its rowwise recipe sets). dim 1 (or -1): a scale per row,
+// [rows, 1]; dim 0: a scale per column, [1, cols].
+Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_t dim);
+
 // The GEMM a @ b of two float8 tensors (a [m, k], b [k, n], any layout: _scaled_mm's row-major
-// a and column-major b are made here), accumulated in float32, returned in `out_dtype`.
-at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype);
+// a and column-major b are made here), accumulated in float32, returned in `out_dtype`. Scales
+// of one element each (tensorwise), or a's [m, 1] and b's [1, n] (rowwise): on a GPU as
+// torchao's addmm_float8_unwrapped runs them (without fast accumulation: the tensorwise kernel,
+// then the scales; in bf16 for a float32 or float16 result), elsewhere as torchao's emulation
+// (the dequantized operands multiplied in float32: _scaled_mm on the CPU takes tensorwise scales
+// only). `fast_accum` (the GPU's fast float8 accumulation): by default for an e4m3 `a`, which
+// for the tensorwise recipe is the forward's GEMM (torchao's gemm_config_output).
+at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
+                     std::optional<bool> fast_accum = std::nullopt);
 
 // y = x @ weight^T + bias with the three GEMMs in float8 (above); x [..., in], weight [out, in]
 // in x's dtype, bias [out] or undefined. Differentiable in x, weight and bias (a frozen weight
@@ -64,9 +85,14 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // values exactly, as torchao's float8 all-gather hands its Float8 weight to the GEMM. It is
 // used only where it is the weight's (its largest magnitude times the scale within 2^-7 of the
 // format's maximum, checked on the device without a host sync), else the weight's own scale.
-// The backward casts the weight with the forward's scale.
+// The backward casts the weight with the forward's scale. Tensorwise scaling only.
+//
+// `scaling` rowwise: torchao's rowwise recipe (Float8Scaling above): x by rows and the weight by
+// its output rows in the forward, the gradient by rows and the weight by its input columns for
+// the input's gradient, the gradient and x by columns for the weight's.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                         const at::Tensor& weight_scale = {});
+                         const at::Tensor& weight_scale = {},
+                         Float8Scaling scaling = Float8Scaling::tensorwise);
 
 // Why a Linear of `in` inputs and `out` outputs cannot run in float8, or empty when it can.
 std::string float8_linear_unsupported(int64_t in, int64_t out);

@@ -20,6 +20,8 @@ void validate_float8(const Config& c, const Float8Options& float8, int tp_size, 
   if (!float8.enabled) {
     FSDP_MODEL_CHECK(float8.skip.empty(), "float8: Linears to skip ({}) but float8 is off",
                      fmt::join(float8.skip, ", "));
+    FSDP_MODEL_CHECK(float8.scaling == ops::Float8Scaling::tensorwise,
+                     "float8: rowwise scaling but float8 is off");
     return;
   }
   FSDP_MODEL_CHECK(tp_size == 1,
@@ -54,7 +56,11 @@ void use_float8_all_gather(FSDPModule& unit) {
   std::unordered_map<const c10::TensorImpl*, std::weak_ptr<LinearImpl>> linears;
   for (const auto& m : unit.nn_module()->modules(/*include_self=*/true)) {
     auto linear = std::dynamic_pointer_cast<LinearImpl>(m);
-    if (linear && linear->float8()) linears[linear->weight.unsafeGetTensorImpl()] = linear;
+    if (!linear || !linear->float8()) continue;
+    FSDP_MODEL_CHECK(linear->float8_scaling() == ops::Float8Scaling::tensorwise,
+                     "use_float8_all_gather: a float8 all-gather casts each weight with one "
+                     "scale (tensorwise); these Linears scale rowwise");
+    linears[linear->weight.unsafeGetTensorImpl()] = linear;
   }
   FSDP_MODEL_CHECK(!linears.empty(), "use_float8_all_gather: the unit holds no float8 Linear");
   ops::Float8AllGatherOptions options;

@@ -77,7 +77,7 @@ void adapt(Linear& linear, const std::string& name, const BuildOptions& o) {
 void convert_float8(Linear& linear, const std::string& name, const BuildOptions& o) {
   const auto& skip = o.float8.skip;
   if (o.float8.enabled && std::find(skip.begin(), skip.end(), name) == skip.end()) {
-    linear->use_float8();
+    linear->use_float8(o.float8.scaling);
   }
 }
 
@@ -134,17 +134,18 @@ void LinearImpl::add_lora(const LoraOptions& lora, const BuildOptions& o) {
   lora_dropout_ = lora.dropout;
 }
 
-void LinearImpl::use_float8() {
+void LinearImpl::use_float8(ops::Float8Scaling scaling) {
   FSDP_MODEL_CHECK(style_ == TpStyle::kNone && !lora_A,
                    "llama: float8 Linears under tensor parallelism or with LoRA adapters are "
                    "not supported");
   const auto why = ops::float8_linear_unsupported(weight.size(1), weight.size(0));
   FSDP_MODEL_CHECK(why.empty(), "llama: float8: {}", why);
   float8_ = true;
+  float8_scaling_ = scaling;
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  if (float8_) return ops::float8_linear(x, weight, bias, float8_weight_scale_);
+  if (float8_) return ops::float8_linear(x, weight, bias, float8_weight_scale_, float8_scaling_);
   if (lora_A) {
     // PEFT's lora.Linear.forward: the base layer's result, then the update added in its order.
     auto y = torch::nn::functional::linear(x, weight, bias);

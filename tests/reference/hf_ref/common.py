@@ -142,17 +142,23 @@ def load_transformers(hf_dir):
     return model.eval()
 
 
-def convert_float8(model, skip, all_gather=False):
-    """torchao's float8 training (recipe "tensorwise", its default) on the decoder layers'
-    Linears but those named in `skip`, as train_llama --float8 [--float8-skip] converts them: the
-    head stays (TorchTitan's filter_fqns=["output"]). all_gather: FSDP2 gathers those weights in
-    float8 (enable_fsdp_float8_all_gather), as train_llama --float8-all-gather."""
+def convert_float8(model, skip, all_gather=False, recipe="tensorwise"):
+    """torchao's float8 training (recipe "tensorwise", its default, or `recipe`) on the decoder
+    layers' Linears but those named in `skip`, as train_llama --float8 [--float8-skip]
+    [--float8-recipe] converts them: the head stays (TorchTitan's filter_fqns=["output"]).
+    all_gather: FSDP2 gathers those weights in float8 (enable_fsdp_float8_all_gather), as
+    train_llama --float8-all-gather. Rowwise on the CPU runs torchao's emulation (emulate=True:
+    the CPU's _scaled_mm takes tensorwise scales only), as train_llama does there."""
+    import dataclasses
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     skip = [s for s in skip.split(",") if s]
 
     def convert(module, fqn):
         return ".layers." in f".{fqn}" and fqn.split(".")[-1] not in skip
-    config = Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    config = dataclasses.replace(config, enable_fsdp_float8_all_gather=all_gather,
+                                 emulate=recipe == "rowwise" and on_cpu)
     convert_to_float8_training(model, config=config, module_filter_fn=convert)
 
 

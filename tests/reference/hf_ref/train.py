@@ -81,7 +81,7 @@ def train_worker(rank, world, a, done):
         # PEFT's LoRA: the base weights frozen, the adapters trainable; FSDP2 on the same layers.
         model = load_peft(model, a.lora_adapter, trainable=True).train()
     if a.float8:
-        convert_float8(model, a.float8_skip, a.float8_all_gather)
+        convert_float8(model, a.float8_skip, a.float8_all_gather, a.float8_recipe)
     check_vocab(tokens, vocab, a.data_tokens)
     if val_tokens is not None:
         check_vocab(val_tokens, vocab, a.val_tokens)
@@ -305,4 +305,6 @@ def add_parser(sub):
     t.add_argument("--float8-all-gather", action="store_true",
                    help="with --float8: FSDP2 all-gathers those weights in float8 (torchao's "
                         "enable_fsdp_float8_all_gather)")
+    t.add_argument("--float8-recipe", choices=["tensorwise", "rowwise"], default="tensorwise",
+                   help="with --float8: torchao's recipe (rowwise on the CPU: its emulation)")
     t.set_defaults(func=run)
