@@ -65,6 +65,9 @@ std::string check(const Options& o) {
   if (o.data != "synthetic" && o.model.vocab < 256) {
     return fmt::format("--vocab must be at least 256 to read text as bytes, got {}", o.model.vocab);
   }
+  if (!o.model.float8 && o.model.float8_scaling != fsdp::ops::Float8Scaling::tensorwise) {
+    return "--float8-recipe needs --float8";
+  }
   if (o.model.float8 && o.model.dim % 16 != 0) {
     return fmt::format("--float8: the feed-forward Linears ({} x {}) need --dim a multiple of 16",
                        o.model.dim, 4 * o.model.dim);
@@ -113,6 +116,9 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
     app.add_flag("--float8", o.model.float8,
                  "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear "
                  "recipe 'tensorwise', what it converts in this model); --dim a multiple of 16");
+    trainer::add_choice(app, "--float8-recipe", o.model.float8_scaling,
+                        "With --float8: torchao's recipe, tensorwise or rowwise (a power-of-2 "
+                        "scale per row of each GEMM operand, all in e4m3)");
   });
 }
 

@@ -48,8 +48,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
       .transpose(0, 1);
 }
 
-TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8)
-    : float8_(float8) {
+TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8,
+                                           ops::Float8Scaling scaling)
+    : float8_(float8), float8_scaling_(scaling) {
   if (float8) {
     const auto why = ops::float8_linear_unsupported(dim, 4 * dim);
     if (!why.empty()) throw InvalidArgument("MiniLLM float8: the feed-forward is " + why);
@@ -66,15 +67,15 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   auto y = x + attn(norm1(x));
   if (!float8_) return y + ffn->forward(norm2(y));
   // ffn's own order (fc1, SiLU, fc2) with the two GEMMs in float8.
-  const auto h = torch::silu(ops::float8_linear(norm2(y), fc1->weight, {}));
-  return y + ops::float8_linear(h, fc2->weight, {});
+  const auto h = torch::silu(ops::float8_linear(norm2(y), fc1->weight, {}, {}, float8_scaling_));
+  return y + ops::float8_linear(h, fc2->weight, {}, {}, float8_scaling_);
 }
 
 MiniLLMImpl::MiniLLMImpl(const Config& c, const BlockBuilt& on_block_built) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   auto blocks = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
-    TransformerBlock block(c.dim, c.heads, c.float8);
+    TransformerBlock block(c.dim, c.heads, c.float8, c.float8_scaling);
     blocks->push_back(block);
     layers.push_back(block);
     if (on_block_built) on_block_built(i, layers.back());

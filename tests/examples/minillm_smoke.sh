@@ -75,6 +75,7 @@ expect_error "--heads must divide --dim" "$bin" --dim 64 --heads 5
 expect_error "no such file" "$bin" --data /nonexistent/text.txt
 expect_error "The following argument was not expected: --bogus" "$bin" --bogus
 expect_error "--loss-chunk needs --fused-loss" "$bin" --loss-chunk 8
+expect_error "--float8-recipe needs --float8" "$bin" --float8-recipe rowwise
 expect_error "need --dim a multiple of 16" "$bin" --float8 --dim 40 --heads 4
 expect_error "--clip-grad-norm must be a finite number >= 0" "$bin" --clip-grad-norm -1
 expect_error "--init-from /nonexistent.safetensors: no such file" "$bin" --init-from /nonexistent.safetensors

@@ -47,6 +47,8 @@ def main():
     p.add_argument("--float8", action="store_true",
                    help="float8 feed-forward Linears on both sides (torchao's Float8Linear "
                         "against train_minillm --float8)")
+    p.add_argument("--float8-recipe", choices=["tensorwise", "rowwise"], default="tensorwise",
+                   help="with --float8: torchao's recipe on both sides")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--launcher", choices=["mpi", "gloo"], default="mpi")
     p.add_argument("--mpiexec", nargs=argparse.REMAINDER, default=["mpiexec"],
@@ -64,7 +66,8 @@ def main():
         # Both programs step with the fused AdamW kernel (torch.optim.AdamW(fused=True) and
         # fsdp::FusedAdamW): the same arithmetic, so the losses agree to float rounding.
         common = size_flags() + [f"--steps={a.steps}", f"--lr={a.lr}", f"--init-from={init}",
-                                 "--optimizer=fused-adamw"] + (["--float8"] if a.float8 else [])
+                                 "--optimizer=fused-adamw"]
+        common += ["--float8", f"--float8-recipe={a.float8_recipe}"] if a.float8 else []
         py = run([sys.executable, REFERENCE, "--mode", "fsdp2", f"--world={a.world}",
                   f"--batch={GLOBAL_BATCH // a.world}", f"--dtype={a.dtype}", "--data=synthetic",
                   f"--port={free_port()}", f"--replicas={a.replicas}", "--start-method=fork"] + common,
@@ -86,7 +89,8 @@ def main():
     if len(py_losses) != a.steps or len(cpp_losses) != a.steps:
         sys.exit(f"expected {a.steps} losses, got {len(py_losses)} (FSDP2), {len(cpp_losses)} (C++)")
     layout = f" as {a.replicas} replicas" if a.replicas > 1 else ""
-    print(f"world {a.world}{layout}, {a.dtype}{', float8 feed-forward' if a.float8 else ''}"
+    float8 = f", float8 feed-forward ({a.float8_recipe})" if a.float8 else ""
+    print(f"world {a.world}{layout}, {a.dtype}{float8}"
           f"{', C++ fused loss (chunks of 7 tokens)' if a.fused_loss else ''}, "
           f"C++ over {a.launcher}, FSDP2 over gloo")
     print(f"{'step':>4} {'FSDP2 (PyTorch)':>16} {'fsdp-cpp':>16} {'rel err':>10}")

@@ -17,6 +17,7 @@
 #include <functional>
 #include <vector>
 
+#include "fsdp/ops/float8_scaling.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp::models::minillm {
@@ -36,8 +37,10 @@ struct Config {
   // float8 training of each block's feed-forward Linears (fc1, fc2: fsdp/ops/float8.h, torchao's
   // recipe tensorwise): what torchao's convert_to_float8_training changes in the PyTorch
   // example's model, whose nn.MultiheadAttention uses its projections' weights itself. dim must
-  // be a multiple of 16 (InvalidArgument otherwise).
+  // be a multiple of 16 (InvalidArgument otherwise). float8_scaling: torchao's recipe,
+  // tensorwise or rowwise (fsdp/ops/float8_scaling.h).
   bool float8 = false;
+  ops::Float8Scaling float8_scaling = ops::Float8Scaling::tensorwise;
 };
 
 // nn.RMSNorm(dim): x * rsqrt(mean(x^2) + eps) * weight through torch::rms_norm, whose eps
@@ -70,8 +73,9 @@ TORCH_MODULE(SelfAttention);
 
 class TransformerBlockImpl : public torch::nn::Module {
  public:
-  // float8: fc1 and fc2 compute in float8 (Config::float8).
-  TransformerBlockImpl(int64_t dim, int64_t heads, bool float8 = false);
+  // float8: fc1 and fc2 compute in float8 (Config::float8), scaled as `scaling` says.
+  TransformerBlockImpl(int64_t dim, int64_t heads, bool float8 = false,
+                       ops::Float8Scaling scaling = ops::Float8Scaling::tensorwise);
   // x: [batch, seq, dim] (batch first, like the PyTorch example).
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -83,6 +87,7 @@ class TransformerBlockImpl : public torch::nn::Module {
 
  private:
   bool float8_ = false;
+  ops::Float8Scaling float8_scaling_ = ops::Float8Scaling::tensorwise;
 };
 TORCH_MODULE(TransformerBlock);
 
