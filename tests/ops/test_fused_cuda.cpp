@@ -287,5 +287,29 @@ TEST(FusedCuda, Float8LinearWithTokensNotAMultipleOf16) {
   }
 }
 
+// The rowwise recipe on the GPU (_scaled_mm's rowwise kernel for the forward, the tensorwise one
+// and the scales after it for the backward; bf16 results for float32, as torchao) against the
+// CPU's emulation: within bf16's rounding.
+TEST(FusedCuda, Float8RowwiseLinearMatchesTheCpusEmulation) {
+  FSDP_SKIP_WITHOUT_GPU();
+  if (at::cuda::getCurrentDeviceProperties()->major < 9) GTEST_SKIP() << "float8 needs sm_89+";
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    torch::manual_seed(12);
+    auto x = torch::randn({3, 7, 64}).to(dtype), w = (torch::randn({48, 64}) * 0.1).to(dtype),
+         dy = torch::randn({3, 7, 48}).to(dtype);
+    auto xc = x.clone().requires_grad_(), wc = w.clone().requires_grad_();
+    auto xg = x.cuda().requires_grad_(), wg = w.cuda().requires_grad_();
+    const auto rowwise = ops::Float8Scaling::rowwise;
+    auto yc = ops::float8_linear(xc, wc, {}, {}, rowwise);
+    auto yg = ops::float8_linear(xg, wg, {}, {}, rowwise);
+    yc.backward(dy);
+    yg.backward(dy.cuda());
+    EXPECT_EQ(yg.scalar_type(), dtype);
+    EXPECT_LT(rel_diff(yg.cpu(), yc), 1e-2) << c10::toString(dtype);
+    EXPECT_LT(rel_diff(xg.grad().cpu(), xc.grad()), 1e-2) << c10::toString(dtype);
+    EXPECT_LT(rel_diff(wg.grad().cpu(), wc.grad()), 1e-2) << c10::toString(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::testing::fused_cuda_test
