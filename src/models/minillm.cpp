@@ -51,6 +51,9 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8,
                                            ops::Float8Scaling scaling)
     : float8_(float8), float8_scaling_(scaling) {
+  if (!float8 && scaling != ops::Float8Scaling::tensorwise) {
+    throw InvalidArgument("MiniLLM float8: rowwise scaling but float8 is off");
+  }
   if (float8) {
     const auto why = ops::float8_linear_unsupported(dim, 4 * dim);
     if (!why.empty()) throw InvalidArgument("MiniLLM float8: the feed-forward is " + why);

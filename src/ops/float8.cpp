@@ -86,12 +86,18 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
                      dy.scalar_type(), /*fast_accum=*/false);
     }
     if (ctx->needs_input_grad(1)) {
+      // The padding added to the float8 casts (one byte an element), whose column scales zero
+      // rows would not have changed.
       const int64_t m = x.size(0), pad = dy.is_cuda() ? (16 - m % 16) % 16 : 0;
-      auto rows = [&](const at::Tensor& t) {
-        return pad == 0 ? t : at::constant_pad_nd(t, {0, 0, 0, pad});
+      auto rows = [&](Float8Tensor t) {
+        if (pad == 0) return t;
+        auto padded = at::zeros({m + pad, t.data.size(1)}, t.data.options().dtype(at::kByte));
+        padded.narrow(0, 0, m).copy_(t.data.view(at::kByte));
+        t.data = padded.view(e4m3);
+        return t;
       };
-      const auto dy8 = to_float8_rowwise(rows(dy), e4m3, 0);
-      dw = float8_mm({dy8.data.t(), dy8.scale.t()}, to_float8_rowwise(rows(x), e4m3, 0),
+      const auto dy8 = rows(to_float8_rowwise(dy, e4m3, 0));
+      dw = float8_mm({dy8.data.t(), dy8.scale.t()}, rows(to_float8_rowwise(x, e4m3, 0)),
                      dy.scalar_type(), /*fast_accum=*/false);
     }
     return {dx, dw, at::Tensor()};
@@ -137,8 +143,8 @@ Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_
                  c10::toString(dtype));
   FSDP_CHECK_ARG(
       at::isFloatingType(t.scalar_type()) && t.dim() == 2 && t.numel() > 0 && dim >= -2 && dim <= 1,
-      "to_float8_rowwise: expected a non-empty floating 2-D tensor and dim 0, 1 or -1, "
-      "got {} of {} and dim {}",
+      "to_float8_rowwise: expected a non-empty floating 2-D tensor and one of its dimensions "
+      "(0, 1, -1, -2), got {} of {} and dim {}",
       c10::toString(t.scalar_type()), t.sizes(), dim);
   // torchao's tensor_to_amax (axiswise), amax_to_scale, _round_scale_down_to_power_of_2.
   auto scale = float8_scale(t.abs().amax({dim}, /*keepdim=*/true), dtype);
@@ -188,9 +194,13 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
   // torchao's addmm_float8_unwrapped with rowwise scales: without fast accumulation the
   // tensorwise kernel and the scales after it (the rowwise kernel is slow then); a float32 or
   // float16 result computed in bf16 (_scaled_mm's rowwise form returns bf16 only).
-  at::Tensor after;
+  // The scales after the GEMM as two in-place products, not torchao's [m, n] product of them
+  // (hundreds of MB at a layer's tokens x features, which eager C++ does not fuse away): the same
+  // bits for the recipe's power-of-2 scales.
+  at::Tensor a_after, b_after;
   if (!fast) {
-    after = a_inverse * b_inverse;
+    a_after = a_inverse;
+    b_after = b_inverse;
     a_inverse = at::ones({}, a_inverse.options());
     b_inverse = at::ones({}, b_inverse.options());
   }
@@ -198,7 +208,7 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
       out_dtype == at::kFloat || out_dtype == at::kHalf ? at::kBFloat16 : out_dtype;
   auto out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
                             /*scale_result=*/std::nullopt, mm_dtype, fast);
-  if (after.defined()) out.mul_(after);
+  if (a_after.defined()) out.mul_(a_after).mul_(b_after);
   return out.to(out_dtype);
 }
 

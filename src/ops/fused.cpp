@@ -103,6 +103,8 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
                                             static_cast<float>(eps), stream_of(x)),
                  "add_rms_norm");
     ctx->save_for_backward({h, w, rstd});
+    // h's gradient from its other uses is undefined when it has none: no zeros made and added.
+    ctx->set_materialize_grads(false);
     return {h, out};
   }
 

@@ -272,7 +272,7 @@ def main():
     p.add_argument("--lora-rank", type=int, default=4)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--float8", action="store_true",
-                   help="float8 training on both sides: torchao's Float8Linear (tensorwise) "
+                   help="float8 training on both sides: torchao's Float8Linear (--float8-recipe) "
                         "against train_llama --float8; and the C++ run against itself in fp32")
     p.add_argument("--float8-skip", default="", help="with --float8: Linears left out")
     p.add_argument("--float8-recipe", choices=["tensorwise", "rowwise"], default="tensorwise",

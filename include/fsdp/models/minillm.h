@@ -35,9 +35,9 @@ struct Config {
   // registered as both embed.weight and head.weight.
   bool tie_embeddings = false;
   // float8 training of each block's feed-forward Linears (fc1, fc2: fsdp/ops/float8.h, torchao's
-  // recipe tensorwise): what torchao's convert_to_float8_training changes in the PyTorch
-  // example's model, whose nn.MultiheadAttention uses its projections' weights itself. dim must
-  // be a multiple of 16 (InvalidArgument otherwise). float8_scaling: torchao's recipe,
+  // recipe tensorwise, or float8_scaling's): what torchao's convert_to_float8_training changes in
+  // the PyTorch example's model, whose nn.MultiheadAttention uses its projections' weights itself.
+  // dim must be a multiple of 16 (InvalidArgument otherwise). float8_scaling: torchao's recipe,
   // tensorwise or rowwise (fsdp/ops/float8_scaling.h).
   bool float8 = false;
   ops::Float8Scaling float8_scaling = ops::Float8Scaling::tensorwise;

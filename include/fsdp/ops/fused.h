@@ -22,7 +22,8 @@ namespace fsdp::ops {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // The residual add and the norm after it (a Llama layer's h = x + attention, then
-// post_attention_layernorm(h)): {h, rms_norm(h, weight, eps)}, h = x + y in their dtype. On a
+// post_attention_layernorm(h)): {h, rms_norm(h, weight, eps)}, h = x + y in their dtype (x and
+// y of one shape and dtype: no broadcasting or promotion, unlike operator+). On a
 // GPU one kernel reads x and y once and writes h and the norm (rms_norm's numbers, on h); its
 // backward is rms_norm's kernel plus the add of h's other gradient.
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
@@ -38,7 +39,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 // (any strides; the kernel is fastest on the usual view of a [batch, seq, heads, d] projection),
 // cos and sin [1 or batch, seq, d] of x's dtype. Differentiable in x (cos and sin are constants
 // to the kernel: given ones that require a gradient, the twin runs). The kernel rounds where the
-// twin's ops round (each product, then the sum): the same values, bit for bit in float32. It
+// twin's ops round (each product, then the sum): the same values, bit for bit. It
 // keeps cos and sin for the backward, one kernel each way; the twin runs about five ATen ops
 // each way.
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
