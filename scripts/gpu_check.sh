@@ -29,6 +29,10 @@
 #                   every collective delayed 20 ms), bf16 reduction bytes, CPU and optimizer-state
 #                   offload, fake worlds 4 and 8; a test that crashes does not take the rest
 #                   with it (scripts/gtest_isolated.py)
+#   kernels     60  bench/kernels_bench at Llama-3.2-1B's shapes (8,192 tokens, bf16): each fused
+#                   op's CUDA kernels (RMSNorm, residual + RMSNorm, SwiGLU, rotary embedding,
+#                   float8 cast) against the ATen formula they replace, forward + backward, and
+#                   float8_linear against the bf16 linear at the layer's Linear shapes: ms, ratios
 #   smoke       45  the trainer, 5 steps, bf16 (cpu-small sizes on the GPU)
 #   two_ranks  100  two NCCL ranks sharing the one GPU (a host id each, sockets, P2P and SHM
 #                   off): every collective at world 2, splits, fully_shard parity, HSDP; then
@@ -90,14 +94,14 @@ summary="$out/summary.txt"
 budget="${GPU_CHECK_BUDGET_S:-480}"
 start=$(date +%s)
 failed=()
-all_stages="env,build,nccl,cuda_tests,smoke,two_ranks,subgroups,lora,llama,reference,offload,profile"
+all_stages="env,build,nccl,cuda_tests,kernels,smoke,two_ranks,subgroups,lora,llama,reference,offload,profile"
 wanted=",env,build,${1:-$all_stages},"
 # speed (issue 40's comparison) runs only when named: it alone takes most of a call.
 all_stages="$all_stages,speed"
 
 cap_of() {
   case "$1" in
-    env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;;
+    env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;; kernels) echo 60 ;;
     smoke) echo 45 ;; two_ranks) echo 100 ;; subgroups) echo 150 ;; lora) echo 70 ;;
     llama) echo 300 ;; reference) echo 170 ;; offload) echo 200 ;; profile) echo 45 ;;
     speed) echo 420 ;;

@@ -185,6 +185,24 @@ stage_cuda_tests() {
   return "$rc"
 }
 
+stage_kernels() {
+  STAGE=kernels
+  local sizes=()
+  # The dry run: a small shape (the CPU runs ATen in both columns: a check of the program).
+  [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && sizes=(--tokens 256 --hidden 256 --heads 4
+    --intermediate 512 --iters 3 --repeats 3)
+  "$FSDP_GPU_BIN/kernels_bench" --device "$PY_DEVICE" "${sizes[@]}" --json "$L/kernels.json"
+  local rc=$?
+  # "rms_norm 1.9x, ..., float8 down_proj 8192x2048 1.3x": ATen / fused.
+  detail "$("$PYTHON" - "$L/kernels.json" 2> /dev/null << 'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print(", ".join("%s %.2fx" % (r["op"], r["aten_ms"] / r["fused_ms"]) for r in rows))
+PY
+)"
+  return "$rc"
+}
+
 stage_smoke() {
   STAGE=smoke
   "$FSDP_GPU_BIN/train_minillm" --dtype bf16 --steps 5 --data synthetic --batch 8 \

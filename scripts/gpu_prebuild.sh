@@ -26,7 +26,8 @@ bundle="$root/.gpu_bundle"
 gpu_site="${GPU_SITE_PACKAGES:-/opt/torch/.venv/lib/python3.12/site-packages}"
 venv="$FSDP_VENV"
 jobs="${JOBS:-2}"
-programs=(train_minillm train_llama llama_dump_logits test_cuda nccl_two_ranks nccl_gpu_fault)
+programs=(train_minillm train_llama llama_dump_logits test_cuda nccl_two_ranks nccl_gpu_fault
+  kernels_bench)
 
 # The wheels' library folders under a site-packages folder, as a search path.
 wheel_path() {
