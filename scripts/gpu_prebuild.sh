@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run here (Debian, no GPU needed) before a GPU check: builds what scripts/gpu_check.sh runs
-# (the library, the trainer, the CUDA tests, the two-rank and GPU-fault programs) against this
+# (the library, the trainer, the CUDA tests, the two-rank and GPU-fault programs, the kernels
+# benchmark) against this
 # machine's libtorch 2.11 wheel, stripped, into .gpu_bundle/ (git-ignored), which travels with the
 # working tree to the GPU machine (carry .gpu_bundle; the device tool moves 64 MiB at most).
 #
@@ -117,7 +118,7 @@ rpath="\$ORIGIN/../lib:$(wheel_path "$gpu_site")"
 # are not run here except through check_bundle. GoogleTest's discovery waits for ctest (it would
 # run the binaries at build time).
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DFSDP_WITH_MPI=OFF -DFSDP_WITH_GLOO=ON -DFSDP_WITH_NCCL=ON -DFSDP_BUILD_BENCH=OFF \
+  -DFSDP_WITH_MPI=OFF -DFSDP_WITH_GLOO=ON -DFSDP_WITH_NCCL=ON -DFSDP_BUILD_BENCH=ON \
   -DFSDP_WITH_TEXT=OFF \
   -DFSDP_WARNINGS_AS_ERRORS=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH="$rpath" \
