@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run here (Debian, no GPU needed) before a GPU check: builds what scripts/gpu_check.sh runs
 # (the library, the trainer, the CUDA tests, the two-rank and GPU-fault programs, the kernels
-# benchmark) against this
-# machine's libtorch 2.11 wheel, stripped, into .gpu_bundle/ (git-ignored), which travels with the
-# working tree to the GPU machine (carry .gpu_bundle; the device tool moves 64 MiB at most).
+# benchmark) against this machine's libtorch 2.11 wheel, stripped, into .gpu_bundle/
+# (git-ignored), which travels with the working tree to the GPU machine (carry .gpu_bundle; the
+# device tool moves 64 MiB at most).
 #
 # The GPU machine has the same wheels (torch 2.11.0+cu130, nvidia-nccl-cu13) in another place:
 # its python3 is /opt/torch/.venv (Python 3.12). The binaries' run path names that place
