@@ -1,7 +1,8 @@
 // kernels_bench: the fused ops (fsdp/ops/fused.h, float8.h) against the ATen formulas they
 // replace, forward and backward, at Llama-3.2-1B's shapes by default (8,192 tokens of hidden
 // 2048, 32 heads of 64, intermediate 8192; bf16); and float8_linear against the bf16 linear at
-// the layer's Linear shapes (q/o 2048 -> 2048, gate/up 2048 -> 8192, down 8192 -> 2048).
+// the layer's Linear shapes (q/o 2048 -> 2048, gate/up 2048 -> 8192, down 8192 -> 2048; the
+// rowwise recipe at gate/up's too).
 //
 // Each row times forward + backward of one op, the median of --repeats runs of --iters calls
 // between two device synchronisations, in milliseconds per call, and the ratio ATen / fused
@@ -185,15 +186,27 @@ int main(int argc, char** argv) {
             {xin, wl}, [](auto& v) { return fsdp::ops::float8_linear(v[0], v[1], {}); }, g),
         fwd_bwd(
             {xin, wl}, [](auto& v) { return at::linear(v[0], v[1]); }, g));
+    if (in == d && out == i) {  // the rowwise recipe at one shape: its GEMMs and ATen casts
+      row(fmt::format("float8 rowwise {} {}x{}", name, in, out),
+          fwd_bwd(
+              {xin, wl},
+              [](auto& v) {
+                return fsdp::ops::float8_linear(v[0], v[1], {}, {},
+                                                fsdp::ops::Float8Scaling::rowwise);
+              },
+              g),
+          fwd_bwd(
+              {xin, wl}, [](auto& v) { return at::linear(v[0], v[1]); }, g));
+    }
   }
 
   const bool kernels = device.is_cuda() && fsdp::ops::cuda_kernels_built();
   fmt::print("kernels_bench: {} tokens, hidden {}, {} heads of {}, intermediate {}, bf16, {}{}\n",
              t, d, s.heads, hd, i, s.device,
              kernels ? ", CUDA kernels" : " (no CUDA kernels: both columns run ATen)");
-  fmt::print("{:<28} {:>10} {:>10} {:>8}\n", "op (fwd+bwd)", "fused ms", "aten ms", "ratio");
+  fmt::print("{:<36} {:>10} {:>10} {:>8}\n", "op (fwd+bwd)", "fused ms", "aten ms", "ratio");
   for (const auto& r : rows) {
-    fmt::print("{:<28} {:>10.3f} {:>10.3f} {:>7.2f}x\n", r.op, r.fused_ms, r.aten_ms,
+    fmt::print("{:<36} {:>10.3f} {:>10.3f} {:>7.2f}x\n", r.op, r.fused_ms, r.aten_ms,
                r.aten_ms / r.fused_ms);
   }
   fmt::print("(float8 rows: float8_linear against the bf16 linear; to_float8: the cast alone)\n");
