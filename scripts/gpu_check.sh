@@ -61,6 +61,9 @@
 #                   peak device memory beside the reference stage's figures without offload, and
 #                   the losses against the run without offload (bf16: within 1e-2)
 #   profile     45  optional: one profiled step of the reference preset (CUPTI kernel table)
+#   minillm_speed 150  only when named: train_minillm --fused-loss --float8 (the reference preset,
+#                   bf16, 20 steps) against FSDP2's plain run (the reference stage's, or run
+#                   here): tok/s ratio (issue 40's target 1.15x), peak memory, losses
 #   speed      420  only when named (scripts/gpu_check.sh speed): Llama-3.2-1B's shape, 6
 #                   steps each: train_llama plain, --fused-loss, --fused-loss --float8 (k, v
 #                   left out) against transformers + FSDP2 eager and with torchao's float8:
@@ -96,15 +99,16 @@ start=$(date +%s)
 failed=()
 all_stages="env,build,nccl,cuda_tests,kernels,smoke,two_ranks,subgroups,lora,llama,reference,offload,profile"
 wanted=",env,build,${1:-$all_stages},"
-# speed (issue 40's comparison) runs only when named: it alone takes most of a call.
-all_stages="$all_stages,speed"
+# speed and minillm_speed (issue 40's comparisons) run only when named: speed alone takes most
+# of a call.
+all_stages="$all_stages,speed,minillm_speed"
 
 cap_of() {
   case "$1" in
     env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;; kernels) echo 60 ;;
     smoke) echo 45 ;; two_ranks) echo 100 ;; subgroups) echo 150 ;; lora) echo 70 ;;
     llama) echo 300 ;; reference) echo 170 ;; offload) echo 200 ;; profile) echo 45 ;;
-    speed) echo 420 ;;
+    speed) echo 420 ;; minillm_speed) echo 150 ;;
   esac
 }
 optional() { [ "$1" = profile ]; }

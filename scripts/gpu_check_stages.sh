@@ -295,6 +295,43 @@ EOF
   [ "$cpp" -eq 0 ] && [ "$py" -eq 0 ] && [ "$cmp" -eq 0 ]
 }
 
+# Issue 40's MiniLLM target (>= 1.15x FSDP2's tok/s): train_minillm with --fused-loss and
+# --float8 (tensorwise, the feed-forward Linears) against FSDP2's plain run of the reference stage
+# (run here when that stage has not run in this call), from the same weights.
+stage_minillm_speed() {
+  STAGE=minillm_speed
+  write_init || { detail "could not write the initial weights"; return 1; }
+  local common=(--preset "$PRESET" --steps 20 --data synthetic --init-from "$GPU_CHECK_INIT")
+  timeout 65 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
+    --fused-loss --float8 --metrics-out "$L/minillm_fast.jsonl" > "$L/minillm_fast.log" 2>&1
+  local cpp=$?
+  tail -3 "$L/minillm_fast.log"
+  local py=0
+  if ! grep -q "^RESULT" "$L/reference_fsdp2.log" 2> /dev/null; then
+    fsdp2 reference_fsdp2 65 "${common[@]}"
+    py=$?
+  fi
+  detail "$("$PYTHON" - "$L" 2> /dev/null << 'PY'
+import json, os, re, sys
+L = sys.argv[1]
+def read(name):
+    p = os.path.join(L, name)
+    return open(p).read() if os.path.exists(p) else ""
+fast = [json.loads(l) for l in read("minillm_fast.jsonl").splitlines() if l.strip()]
+tps = re.search(r"median ([0-9.]+) tok/s", read("minillm_fast.log"))
+res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", read("reference_fsdp2.log")) or [""])[-1]))
+py = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", read("reference_fsdp2.log"), re.M)]
+worst = max((abs(a - b["loss"]) / abs(a) for a, b in zip(py, fast)), default=float("nan"))
+mine, theirs = float(tps.group(1)) if tps else 0.0, float(res.get("tokens_per_s", 0))
+peak = max((c["peak_mem_bytes"] for c in fast), default=0) / 2**20
+print(f"fused loss + float8 {mine:.0f} tok/s, FSDP2 {theirs:.0f}: "
+      f"{mine / theirs if theirs else 0:.2f}x (target 1.15x) | peak {peak:.0f} MiB, FSDP2 "
+      f"{float(res.get('peak_mem_mb', 0)):.0f} | losses worst rel diff {worst:.1e} (float8's rounding)")
+PY
+)"
+  [ "$cpp" -eq 0 ] && [ "$py" -eq 0 ]
+}
+
 stage_offload() {
   STAGE=offload
   write_init || { detail "could not write the initial weights"; return 1; }
