@@ -13,6 +13,7 @@
 #include "fsdp/ops/fused.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "model_check.h"
+#include "rotary.h"
 
 namespace fsdp::models::llama {
 namespace {
@@ -221,53 +222,6 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::add_and_forward(const torch::Tensor& x,
                                                                      const torch::Tensor& y) {
   return ops::add_rms_norm(x, y, sp_ ? tp::copy_to_tp(weight, sp_) : weight, eps_);
-}
-
-namespace {
-
-// The rotary inverse frequencies, fp32 on the CPU (transformers makes the buffer at
-// construction), with the operations transformers 5.24's modeling_rope_utils.py applies, in its
-// order, so that the values are the same bits. Python's `s / t` for a number s is
-// t.reciprocal() * s (Tensor.__rdiv__), and `s - t` is rsub(t, s).
-torch::Tensor rotary_inverse_frequencies(const Config& c) {
-  const int64_t dim = c.head_size();
-  // compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2, float) / dim)).
-  auto exponent = torch::arange(0, dim, 2, torch::kFloat) / dim;
-  auto inv_freq = torch::pow(c.rope_theta, exponent).reciprocal();
-  const RopeScaling& r = c.rope_scaling;
-  if (r.type == "linear") return inv_freq / r.factor;  // _compute_linear_scaling_rope_parameters
-  if (r.type != "llama3") return inv_freq;
-  // _compute_llama3_parameters.
-  const double old_context = static_cast<double>(r.original_max_position_embeddings);
-  const double low_freq_wavelen = old_context / r.low_freq_factor;
-  const double high_freq_wavelen = old_context / r.high_freq_factor;
-  auto wavelen = inv_freq.reciprocal() * (2 * M_PI);
-  auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
-  auto smooth = (wavelen.reciprocal() * old_context - r.low_freq_factor) /
-                (r.high_freq_factor - r.low_freq_factor);
-  auto smoothed = torch::rsub(smooth, 1) * scaled / r.factor + smooth * scaled;
-  auto medium =
-      (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
-  return torch::where(medium, smoothed, scaled);
-}
-
-// LlamaRotaryEmbedding.forward from the frequencies on the activations' device:
-// position_ids[..., None].float() * inv_freq, in fp32; attention_scaling is 1.0 for the
-// implemented types (a multiplication that changes nothing).
-std::pair<torch::Tensor, torch::Tensor> cos_sin_of(const torch::Tensor& inv_freq, int64_t seq,
-                                                   torch::ScalarType dtype) {
-  auto positions = torch::arange(seq, torch::TensorOptions(torch::kLong).device(inv_freq.device()));
-  auto freqs = positions.unsqueeze(0).unsqueeze(-1).to(torch::kFloat) * inv_freq;
-  auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
-}
-
-}  // namespace
-
-std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(const Config& c, int64_t seq,
-                                                       torch::ScalarType dtype,
-                                                       torch::Device device) {
-  return cos_sin_of(rotary_inverse_frequencies(c).to(device), seq, dtype);
 }
 
 AttentionImpl::AttentionImpl(const Config& c, const BuildOptions& o)
@@ -534,93 +488,6 @@ torch::Tensor LlamaForCausalLMImpl::full_logits(const torch::Tensor& logits) con
 
 LlamaForCausalLM build_llama(const Config& config, const BuildOptions& options) {
   return LlamaForCausalLM(config, options);
-}
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const Config& c) {
-  validate(c);
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  const int64_t d = c.hidden_size, q = c.q_size(), kv = c.kv_size(), i = c.intermediate_size;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto linear = [&](const std::string& name, int64_t in, int64_t rows, bool bias) {
-      out.push_back({p + name + ".weight", {rows, in}});
-      if (bias) out.push_back({p + name + ".bias", {rows}});
-    };
-    linear("self_attn.q_proj", d, q, c.qkv_bias());
-    linear("self_attn.k_proj", d, kv, c.qkv_bias());
-    linear("self_attn.v_proj", d, kv, c.qkv_bias());
-    linear("self_attn.o_proj", q, d, c.o_bias());
-    linear("mlp.gate_proj", d, i, c.mlp_bias);
-    linear("mlp.up_proj", d, i, c.mlp_bias);
-    linear("mlp.down_proj", i, d, c.mlp_bias);
-    out.push_back({p + "input_layernorm.weight", {d}});
-    out.push_back({p + "post_attention_layernorm.weight", {d}});
-  }
-  out.push_back({"model.norm.weight", {d}});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, d}});
-  return out;
-}
-
-void validate_tp(const Config& c, int tp_size) {
-  FSDP_MODEL_CHECK(tp_size >= 1, "llama: the tensor-parallel degree must be positive, got {}",
-                   tp_size);
-  FSDP_MODEL_CHECK(c.num_attention_heads % tp_size == 0 && c.num_key_value_heads % tp_size == 0,
-                   "llama: a tensor-parallel degree of {} must divide the attention heads ({}) and "
-                   "the key/value heads ({}): each rank computes whole heads",
-                   tp_size, c.num_attention_heads, c.num_key_value_heads);
-}
-
-std::map<std::string, tp::TpSlice> tp_slices(const Config& c, int tp_size, int tp_rank) {
-  validate_tp(c, tp_size);
-  std::map<std::string, tp::TpSlice> out;
-  if (tp_size == 1) return out;
-  auto add = [&](const std::string& name, const std::vector<int64_t>& full, int64_t dim) {
-    out[name] = tp::TpSlice{dim, tp::chunk_of(full[dim], tp_size, tp_rank), full};
-  };
-  for (const auto& [name, shape] : parameter_shapes(c)) {
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() &&
-             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    const bool row = ends_with("o_proj.weight") || ends_with("down_proj.weight");
-    const bool whole = ends_with("norm.weight") || ends_with("layernorm.weight") ||
-                       ends_with("o_proj.bias") || ends_with("down_proj.bias");
-    if (row) {
-      add(name, shape, 1);
-    } else if (!whole) {
-      add(name, shape, 0);  // column-parallel weights and biases, the embedding, the head
-    }
-  }
-  return out;
-}
-
-tp::Layout tp_layout(const Config& c, const ProcessGroupPtr& tp, const ProcessGroupPtr& dp) {
-  if (!tp || tp->size() == 1) return {};
-  return tp::Layout{tp, tp_slices(c, tp->size(), tp->rank()), dp};
-}
-
-std::vector<std::string> parameter_names(const Config& c) {
-  std::vector<std::string> names;
-  for (auto& [name, shape] : parameter_shapes(c)) names.push_back(name);
-  return names;
-}
-
-int64_t parameter_count(const Config& c) {
-  int64_t n = 0;
-  for (const auto& [name, shape] : parameter_shapes(c)) {
-    int64_t numel = 1;
-    for (auto s : shape) numel *= s;
-    n += numel;
-  }
-  return n;
-}
-
-double train_flops_per_token(const Config& c, int64_t seq) {
-  const double d = c.hidden_size, q = c.q_size(), kv = c.kv_size(), i = c.intermediate_size;
-  const double layer = d * q + 2 * d * kv + q * d + 3 * d * i;
-  const double matmul_params = c.num_hidden_layers * layer + static_cast<double>(c.vocab_size) * d;
-  return 6.0 * matmul_params + 12.0 * c.num_hidden_layers * q * seq;
 }
 
 }  // namespace fsdp::models::llama
