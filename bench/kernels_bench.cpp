@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -200,7 +201,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  const bool kernels = device.is_cuda() && fsdp::ops::cuda_kernels_built();
+  const char* switch_ = std::getenv("FSDP_CUDA_KERNELS");
+  const bool kernels = device.is_cuda() && fsdp::ops::cuda_kernels_built() &&
+                       (switch_ == nullptr || std::string(switch_) != "0");
   fmt::print("kernels_bench: {} tokens, hidden {}, {} heads of {}, intermediate {}, bf16, {}{}\n",
              t, d, s.heads, hd, i, s.device,
              kernels ? ", CUDA kernels" : " (no CUDA kernels: both columns run ATen)");

@@ -10,6 +10,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -37,10 +39,21 @@ inline void check_launch(cudaError_t e, const char* what) {
   }
 }
 
+// FSDP_CUDA_KERNELS=0 in the environment turns the kernels off for the process (read once): the
+// ops run their ATen twins, to compare a run with and without them or to step around one.
+inline bool kernels_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FSDP_CUDA_KERNELS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 // Whether the kernels run on this tensor's GPU: built for sm_80 and sm_90 (and their PTX), so a
 // GPU older than Ampere (or one the driver cannot load them for) gets the twins. Asked once per
 // device.
 inline bool kernels_run_on(const at::Tensor& t) {
+  if (!kernels_enabled()) return false;
   static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no
   const int d = t.device().index();
   if (d < 0 || d >= static_cast<int>(known.size())) return false;

@@ -44,7 +44,9 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 // each way.
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// Whether this build has the CUDA kernels (nvcc, sm_90 and PTX).
+// Whether this build has the CUDA kernels (nvcc, sm_80 and sm_90, and PTX). FSDP_CUDA_KERNELS=0
+// in the environment turns them off for a process (these ops and float8's casts then run their
+// ATen twins on a GPU too).
 bool cuda_kernels_built();
 
 }  // namespace fsdp::ops
