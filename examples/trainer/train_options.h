@@ -108,8 +108,9 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag);
 std::string check_job(const TrainOptions& o, int world);
 
 // Parses argv (and the --recipe it names) into `app`'s flags, every one added in its section
-// (add_section, sections.h), each option's value before parsing shown as its default in --help. nullopt when the program goes on; otherwise what to print and the
-// exit code: --help's text and 0, or a parse error (with a pointer to --help) and 2.
+// (add_section, sections.h), each option's value before parsing shown as its default in --help.
+// nullopt when the program goes on; otherwise what to print and the exit code: --help's text
+// and 0, or a parse error (with a pointer to --help) and 2.
 struct ParseStop {
   int exit_code = 0;
   std::string message;

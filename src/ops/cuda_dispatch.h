@@ -49,11 +49,11 @@ inline bool kernels_enabled() {
   return on;
 }
 
-// Whether the kernels run on this tensor's GPU: built for sm_80 and sm_90 (and their PTX), so a
-// GPU older than Ampere (or one the driver cannot load them for) gets the twins. Asked once per
-// device.
+// Whether the kernels run on this tensor: a CUDA tensor of a kernel dtype (kernel_dtype), with
+// the kernels enabled, on a GPU they are built for (sm_80 and sm_90 and their PTX, so a GPU older
+// than Ampere, or one the driver cannot load them for, gets the twins; asked once per device).
 inline bool kernels_run_on(const at::Tensor& t) {
-  if (!kernels_enabled()) return false;
+  if (!kernels_enabled() || !t.is_cuda() || !kernel_dtype(t.scalar_type())) return false;
   static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no
   const int d = t.device().index();
   if (d < 0 || d >= static_cast<int>(known.size())) return false;

@@ -12,10 +12,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-double float8_max(at::ScalarType dtype) {
-  return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;  // torch.finfo(...).max
-}
-
 // torchao's is_row_major: the stride of rows above that of columns.
 bool row_major(const at::Tensor& t) { return t.stride(0) > t.stride(1); }
 
@@ -110,7 +106,7 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     auto own = float8_scale(amax, at::kFloat8_e4m3fn);
     if (!gathered.defined()) return own;
     const auto g = gathered.to(own.device(), at::kFloat).reshape({});
-    const auto reach = amax * g / float8_max(at::kFloat8_e4m3fn);
+    const auto reach = amax * g / detail::float8_max(at::kFloat8_e4m3fn);
     return at::where((reach - 1).abs() <= 1.0 / 128, g, own);
   }
 };
@@ -134,7 +130,11 @@ at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType dtype) {
                  c10::toString(amax.scalar_type()));
   // torchao's amax_to_scale: in float64 (Python's `max / amax` is amax.reciprocal() * max),
   // then float32.
-  return amax.to(at::kDouble).clamp_min(1e-12).reciprocal().mul(float8_max(dtype)).to(at::kFloat);
+  return amax.to(at::kDouble)
+      .clamp_min(1e-12)
+      .reciprocal()
+      .mul(detail::float8_max(dtype))
+      .to(at::kFloat);
 }
 
 Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_t dim) {
@@ -149,8 +149,7 @@ Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_
   // torchao's tensor_to_amax (axiswise), amax_to_scale, _round_scale_down_to_power_of_2.
   auto scale = float8_scale(t.abs().amax({dim}, /*keepdim=*/true), dtype);
   scale = at::exp2(at::floor(at::log2(scale)));
-  const double max = float8_max(dtype);
-  return {(t.to(at::kFloat) * scale).clamp_(-max, max).to(dtype), scale};
+  return {detail::saturated_cast(t, scale, dtype), scale};
 }
 
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale) {
@@ -197,18 +196,12 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
   // The scales after the GEMM as two in-place products, not torchao's [m, n] product of them
   // (hundreds of MB at a layer's tokens x features, which eager C++ does not fuse away): the same
   // bits for the recipe's power-of-2 scales.
-  at::Tensor a_after, b_after;
-  if (!fast) {
-    a_after = a_inverse;
-    b_after = b_inverse;
-    a_inverse = at::ones({}, a_inverse.options());
-    b_inverse = at::ones({}, b_inverse.options());
-  }
+  const auto one = fast ? at::Tensor() : at::ones({}, a_inverse.options());
   const auto mm_dtype =
       out_dtype == at::kFloat || out_dtype == at::kHalf ? at::kBFloat16 : out_dtype;
-  auto out = at::_scaled_mm(a_data, b_data, a_inverse, b_inverse, /*bias=*/std::nullopt,
-                            /*scale_result=*/std::nullopt, mm_dtype, fast);
-  if (a_after.defined()) out.mul_(a_after).mul_(b_after);
+  auto out = at::_scaled_mm(a_data, b_data, fast ? a_inverse : one, fast ? b_inverse : one,
+                            /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, mm_dtype, fast);
+  if (!fast) out.mul_(a_inverse).mul_(b_inverse);
   return out.to(out_dtype);
 }
 

@@ -13,10 +13,6 @@
 namespace fsdp::ops::detail {
 namespace {
 
-double float8_max(at::ScalarType dtype) {
-  return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0;  // torch.finfo(...).max
-}
-
 // [k, padded] bytes, the columns from m on zero: the storage of a column-major [padded, k].
 at::Tensor col_storage(const at::Tensor& t, at::ScalarType dtype, int64_t padded) {
   const int64_t m = t.size(0), k = t.size(1);
@@ -26,10 +22,6 @@ at::Tensor col_storage(const at::Tensor& t, at::ScalarType dtype, int64_t padded
 }
 
 #ifdef FSDP_HAVE_CUDA_KERNELS
-bool use_kernels(const at::Tensor& t) {
-  return t.is_cuda() && kernel_dtype(t.scalar_type()) && kernels_run_on(t);
-}
-
 cuda::Float8Format format_of(at::ScalarType dtype) {
   return dtype == at::kFloat8_e4m3fn ? cuda::Float8Format::kE4M3 : cuda::Float8Format::kE5M2;
 }
@@ -37,9 +29,16 @@ cuda::Float8Format format_of(at::ScalarType dtype) {
 
 }  // namespace
 
+double float8_max(at::ScalarType dtype) { return dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0; }
+
+at::Tensor saturated_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype) {
+  const double max = float8_max(dtype);
+  return (t.to(at::kFloat) * scale).clamp_(-max, max).to(dtype);
+}
+
 at::Tensor abs_max(const at::Tensor& t) {
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (use_kernels(t)) {
+  if (kernels_run_on(t)) {
     c10::cuda::CUDAGuard guard(t.device());
     const auto x = t.contiguous();
     auto amax = at::empty({}, x.options().dtype(at::kFloat));
@@ -66,7 +65,7 @@ Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::T
   const int64_t padded = (m + pad_to - 1) / pad_to * pad_to;
   Float8Cast out;
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (use_kernels(t) && (!scale.defined() || scale.device() == t.device())) {
+  if (kernels_run_on(t) && (!scale.defined() || scale.device() == t.device())) {
     c10::cuda::CUDAGuard guard(t.device());
     const auto x = t.contiguous();
     at::Tensor amax;
@@ -88,10 +87,8 @@ Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::T
     return out;
   }
 #endif
-  out.scale = scale.defined() ? scale.reshape({}) : float8_scale(t.abs().max(), dtype);
-  const double max = float8_max(dtype);
-  // _ToFloat8ConstrFunc and to_fp8_saturated: scaled in float32, saturated, cast.
-  auto data = (t.to(at::kFloat) * out.scale).clamp_(-max, max).to(dtype);
+  out.scale = scale.defined() ? scale.reshape({}) : float8_scale(abs_max(t), dtype);
+  auto data = saturated_cast(t, out.scale, dtype);
   if (col) {
     if (padded == m) {
       out.col = data.t().contiguous().t();

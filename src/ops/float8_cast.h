@@ -10,6 +10,14 @@
 
 namespace fsdp::ops::detail {
 
+// torch.finfo(dtype).max of e4m3fn (448) or e5m2 (57344).
+double float8_max(at::ScalarType dtype);
+
+// The saturating cast at a given scale (torchao's _ToFloat8ConstrFunc and to_fp8_saturated):
+// float32(t) * scale (any shape that broadcasts to t's: one scale, or one per row or column),
+// clamped to +-float8_max, cast to `dtype`.
+at::Tensor saturated_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType dtype);
+
 // max |t| as a 0-dim tensor on t's device, float32 (float64 for a float64 t); NaN when t holds
 // one.
 at::Tensor abs_max(const at::Tensor& t);

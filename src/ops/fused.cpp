@@ -60,21 +60,42 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy_in, con
   return {dx, dw.to(w.scalar_type())};
 }
 
+// The norm's forward kernel over the rows of h = x, or of h = x + y (the residual add in the
+// same pass) when `y` is defined: h, the norm and each row's rsqrt, for the backward.
+struct NormRows {
+  at::Tensor h, out, rstd;
+};
+NormRows norm_rows(const at::Tensor& x_in, const at::Tensor& y_in, const at::Tensor& w,
+                   double eps) {
+  const auto x = x_in.contiguous();
+  const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
+  NormRows r{x, at::empty_like(x), at::empty({n}, x.options().dtype(at::kFloat))};
+  const auto dtype = *kernel_dtype(x.scalar_type());
+  const auto e = static_cast<float>(eps);
+  if (y_in.defined()) {
+    const auto y = y_in.contiguous();
+    r.h = at::empty_like(x);
+    check_launch(cuda::add_rms_norm_forward(dtype, x.data_ptr(), y.data_ptr(), r.h.data_ptr(),
+                                            w.data_ptr(), r.out.data_ptr(),
+                                            r.rstd.data_ptr<float>(), n, d, e, stream_of(x)),
+                 "add_rms_norm");
+  } else {
+    check_launch(cuda::rms_norm_forward(dtype, x.data_ptr(), w.data_ptr(), r.out.data_ptr(),
+                                        r.rstd.data_ptr<float>(), n, d, e, stream_of(x)),
+                 "rms_norm");
+  }
+  return r;
+}
+
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w_in,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w_in,
                             double eps) {
-    c10::cuda::CUDAGuard guard(x_in.device());
-    const auto x = x_in.contiguous(), w = w_in.contiguous();
-    const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
-    auto y = at::empty_like(x);
-    auto rstd = at::empty({n}, x.options().dtype(at::kFloat));
-    check_launch(cuda::rms_norm_forward(*kernel_dtype(x.scalar_type()), x.data_ptr(), w.data_ptr(),
-                                        y.data_ptr(), rstd.data_ptr<float>(), n, d,
-                                        static_cast<float>(eps), stream_of(x)),
-                 "rms_norm");
-    ctx->save_for_backward({x, w, rstd});
-    return y;
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto w = w_in.contiguous();
+    auto r = norm_rows(x, {}, w, eps);
+    ctx->save_for_backward({r.h, w, r.rstd});
+    return r.out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -90,22 +111,15 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 // kernel on h, plus the gradient h gets from its other uses, once for x and once for y.
 class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& y_in,
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
                                const at::Tensor& w_in, double eps) {
-    c10::cuda::CUDAGuard guard(x_in.device());
-    const auto x = x_in.contiguous(), y = y_in.contiguous(), w = w_in.contiguous();
-    const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
-    auto h = at::empty_like(x), out = at::empty_like(x);
-    auto rstd = at::empty({n}, x.options().dtype(at::kFloat));
-    check_launch(cuda::add_rms_norm_forward(*kernel_dtype(x.scalar_type()), x.data_ptr(),
-                                            y.data_ptr(), h.data_ptr(), w.data_ptr(),
-                                            out.data_ptr(), rstd.data_ptr<float>(), n, d,
-                                            static_cast<float>(eps), stream_of(x)),
-                 "add_rms_norm");
-    ctx->save_for_backward({h, w, rstd});
+    c10::cuda::CUDAGuard guard(x.device());
+    const auto w = w_in.contiguous();
+    auto r = norm_rows(x, y, w, eps);
+    ctx->save_for_backward({r.h, w, r.rstd});
     // h's gradient from its other uses is undefined when it has none: no zeros made and added.
     ctx->set_materialize_grads(false);
-    return {h, out};
+    return {r.h, r.out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -200,8 +214,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
                  "rms_norm: expected x [..., d] and weight [d], got {} and {}", x.sizes(),
                  weight.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (x.is_cuda() && weight.device() == x.device() && weight.scalar_type() == x.scalar_type() &&
-      kernel_dtype(x.scalar_type()) && x.numel() > 0 && kernels_run_on(x)) {
+  if (kernels_run_on(x) && weight.device() == x.device() &&
+      weight.scalar_type() == x.scalar_type() && x.numel() > 0) {
     return RmsNormFunction::apply(x, weight, eps);
   }
 #endif
@@ -217,9 +231,8 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
                  x.sizes(), c10::toString(x.scalar_type()), y.sizes(),
                  c10::toString(y.scalar_type()), weight.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (x.is_cuda() && y.device() == x.device() && weight.device() == x.device() &&
-      weight.scalar_type() == x.scalar_type() && kernel_dtype(x.scalar_type()) && x.numel() > 0 &&
-      kernels_run_on(x)) {
+  if (kernels_run_on(x) && y.device() == x.device() && weight.device() == x.device() &&
+      weight.scalar_type() == x.scalar_type() && x.numel() > 0) {
     auto hn = AddRmsNormFunction::apply(x, y, weight, eps);
     return {hn[0], hn[1]};
   }
@@ -234,8 +247,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
                  gate.sizes(), c10::toString(gate.scalar_type()), up.sizes(),
                  c10::toString(up.scalar_type()));
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (gate.is_cuda() && up.device() == gate.device() && kernel_dtype(gate.scalar_type()) &&
-      gate.numel() > 0 && kernels_run_on(gate)) {
+  if (kernels_run_on(gate) && up.device() == gate.device() && gate.numel() > 0) {
     return SwigluFunction::apply(gate, up);
   }
 #endif
@@ -250,10 +262,9 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
                  "seq, d], got {}, {} and {}",
                  x.sizes(), cos.sizes(), sin.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (x.is_cuda() && cos.device() == x.device() && sin.device() == x.device() &&
+  if (kernels_run_on(x) && cos.device() == x.device() && sin.device() == x.device() &&
       cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
-      !cos.requires_grad() && !sin.requires_grad() && kernel_dtype(x.scalar_type()) &&
-      x.numel() > 0 && kernels_run_on(x)) {
+      !cos.requires_grad() && !sin.requires_grad() && x.numel() > 0) {
     return RopeFunction::apply(x, cos, sin);
   }
 #endif
