@@ -2,7 +2,10 @@
 // replace, forward and backward, at Llama-3.2-1B's shapes by default (8,192 tokens of hidden
 // 2048, 32 heads of 64, intermediate 8192; bf16); and float8_linear against the bf16 linear at
 // the layer's Linear shapes (q/o 2048 -> 2048, gate/up 2048 -> 8192, down 8192 -> 2048; the
-// rowwise recipe at gate/up's too).
+// rowwise recipe at gate/up's too); and the fused linear cross-entropy (linear_cross_entropy.h:
+// its chunks' cross-entropy kernel and float32 weight-gradient accumulation on a GPU) against
+// the unfused head and loss as transformers computes them (bf16 logits, then cross_entropy on
+// their float32 copy), at Llama 3's vocabulary of 128,256 by default.
 //
 // Each row times forward + backward of one op, the median of --repeats runs of --iters calls
 // between two device synchronisations, in milliseconds per call, and the ratio ATen / fused
@@ -10,7 +13,7 @@
 // runs them; elsewhere both columns run ATen (a check of the program, not a measurement).
 //
 //   kernels_bench [--device cuda] [--tokens 8192 --hidden 2048 --heads 32 --intermediate 8192]
-//                 [--iters 20 --repeats 5] [--json FILE]
+//                 [--vocab 128256] [--iters 20 --repeats 5] [--json FILE]
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -26,11 +29,12 @@
 
 #include "fsdp/ops/float8.h"
 #include "fsdp/ops/fused.h"
+#include "fsdp/ops/linear_cross_entropy.h"
 
 namespace {
 
 struct Sizes {
-  int64_t tokens = 8192, hidden = 2048, heads = 32, intermediate = 8192;
+  int64_t tokens = 8192, hidden = 2048, heads = 32, intermediate = 8192, vocab = 128256;
   int iters = 20, repeats = 5;
   std::string device = "cpu";
 };
@@ -95,17 +99,19 @@ int main(int argc, char** argv) {
   app.add_option("--heads", s.heads, "Attention heads (head size hidden / heads)")
       ->capture_default_str();
   app.add_option("--intermediate", s.intermediate, "MLP size")->capture_default_str();
+  app.add_option("--vocab", s.vocab, "Vocabulary of the loss's row")->capture_default_str();
   app.add_option("--iters", s.iters, "Calls per timed run")->capture_default_str();
   app.add_option("--repeats", s.repeats, "Timed runs (the median is reported)")
       ->capture_default_str();
   app.add_option("--json", json, "Also write the rows as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   if (s.tokens < 1 || s.hidden < 16 || s.heads < 1 || s.hidden % s.heads != 0 ||
-      (s.hidden / s.heads) % 2 != 0 || s.intermediate < 16 || s.iters < 1 || s.repeats < 1) {
+      (s.hidden / s.heads) % 2 != 0 || s.intermediate < 16 || s.vocab < 2 || s.iters < 1 ||
+      s.repeats < 1) {
     fmt::print(stderr,
                "error: expected positive sizes, --hidden a multiple of --heads with an even head "
-               "size, got tokens {} hidden {} heads {} intermediate {}\n",
-               s.tokens, s.hidden, s.heads, s.intermediate);
+               "size, got tokens {} hidden {} heads {} intermediate {} vocab {}\n",
+               s.tokens, s.hidden, s.heads, s.intermediate, s.vocab);
     return 2;
   }
   const torch::Device device(s.device);
@@ -201,6 +207,34 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The head and the loss: a call is tens of milliseconds at 8,192 tokens of 128,256, so fewer
+  // calls per timed run (the stage's time cap holds).
+  {
+    Sizes few = s;
+    few.iters = std::min(s.iters, 3);
+    few.repeats = std::min(s.repeats, 3);
+    const auto hidden = torch::randn({t, d}, opts);
+    const auto head = torch::randn({s.vocab, d}, opts) * 0.02;
+    const auto targets =
+        torch::randint(0, s.vocab, {t}, at::TensorOptions().device(device).dtype(at::kLong));
+    const auto one = torch::ones({}, opts.dtype(at::kFloat));
+    rows.push_back(
+        {fmt::format("linear_cross_entropy vocab {}", s.vocab),
+         time_ms(fwd_bwd(
+                     {hidden, head},
+                     [&](auto& v) { return fsdp::ops::linear_cross_entropy(v[0], v[1], targets); },
+                     one),
+                 few, device),
+         time_ms(fwd_bwd(
+                     {hidden, head},
+                     [&](auto& v) {
+                       return at::cross_entropy_loss(at::linear(v[0], v[1]).to(at::kFloat),
+                                                     targets);
+                     },
+                     one),
+                 few, device)});
+  }
+
   const char* switch_ = std::getenv("FSDP_CUDA_KERNELS");
   const bool kernels = device.is_cuda() && fsdp::ops::cuda_kernels_built() &&
                        (switch_ == nullptr || std::string(switch_) != "0");
@@ -212,7 +246,9 @@ int main(int argc, char** argv) {
     fmt::print("{:<36} {:>10.3f} {:>10.3f} {:>7.2f}x\n", r.op, r.fused_ms, r.aten_ms,
                r.aten_ms / r.fused_ms);
   }
-  fmt::print("(float8 rows: float8_linear against the bf16 linear; to_float8: the cast alone)\n");
+  fmt::print(
+      "(float8 rows: float8_linear against the bf16 linear; to_float8: the cast alone; "
+      "linear_cross_entropy: against linear, then cross_entropy on float32 logits)\n");
   if (!json.empty()) {
     std::ofstream f(json);
     f << "[";

@@ -31,8 +31,9 @@
 #                   with it (scripts/gtest_isolated.py)
 #   kernels     60  bench/kernels_bench at Llama-3.2-1B's shapes (8,192 tokens, bf16): each fused
 #                   op's CUDA kernels (RMSNorm, residual + RMSNorm, SwiGLU, rotary embedding,
-#                   float8 cast) against the ATen formula they replace, forward + backward, and
-#                   float8_linear against the bf16 linear at the layer's Linear shapes: ms, ratios
+#                   float8 cast) against the ATen formula they replace, forward + backward,
+#                   float8_linear against the bf16 linear at the layer's Linear shapes, and the
+#                   fused linear cross-entropy against the unfused head + loss: ms, ratios
 #   smoke       45  the trainer, 5 steps, bf16 (cpu-small sizes on the GPU)
 #   two_ranks  100  two NCCL ranks sharing the one GPU (a host id each, sockets, P2P and SHM
 #                   off): every collective at world 2, splits, fully_shard parity, HSDP; then

@@ -190,7 +190,7 @@ stage_kernels() {
   local sizes=()
   # The dry run: a small shape (the CPU runs ATen in both columns: a check of the program).
   [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && sizes=(--tokens 256 --hidden 256 --heads 4
-    --intermediate 512 --iters 3 --repeats 3)
+    --intermediate 512 --vocab 4096 --iters 3 --repeats 3)
   "$FSDP_GPU_BIN/kernels_bench" --device "$PY_DEVICE" "${sizes[@]}" --json "$L/kernels.json"
   local rc=$?
   # "rms_norm 1.9x, ..., float8 down_proj 8192x2048 1.3x": ATen / fused.

@@ -1,5 +1,6 @@
 #include "fsdp/ops/fused.h"
 
+#include <fmt/ranges.h>  // shapes (ArrayRef) in messages
 #include <torch/autograd.h>
 
 #include "util/check.h"

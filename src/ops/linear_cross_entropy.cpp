@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "fsdp/parallel/tensor_parallel.h"
+#include "ops/cross_entropy_chunk.h"
 #include "util/check.h"
 
 namespace fsdp::ops {
@@ -73,43 +74,30 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     at::Tensor grad_h = want_h ? at::empty_like(hidden) : at::Tensor();
     at::Tensor grad_w =
         want_w ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    const bool want_grad = want_h || want_w;
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t c = std::min(chunk, n - s);
       auto h = hidden.narrow(0, s, c);
-      auto counted = valid.narrow(0, s, c).to(at::kFloat);
-      auto logits = rows > 0 ? at::mm(h, weight.t()).to(at::kFloat)
-                             : at::empty({c, 0}, hidden.options().dtype(at::kFloat));
-      at::Tensor lse, target;
+      detail::ChunkRows r;
+      r.index = index.narrow(0, s, c);
+      r.here = here.narrow(0, s, c);
+      r.counted = valid.narrow(0, s, c);
+      r.inv_count = inv_count;
       if (split) {
-        lse = stats.lse.narrow(0, s, c);
-        target = stats.target.narrow(0, s, c);
-      } else {
-        lse = at::logsumexp(logits, 1);
-        target = logits.gather(1, index.narrow(0, s, c).unsqueeze(1)).squeeze(1);
+        r.lse = stats.lse.narrow(0, s, c);
+        r.target = stats.target.narrow(0, s, c);
       }
-      loss_sum += ((lse - target) * counted).sum();
-      if (!want_h && !want_w) continue;
-      // d loss / d logits: (softmax - one-hot) / count on counted rows, zero elsewhere; the
-      // one-hot only where this rank holds the target's column.
-      auto g = (logits - lse.unsqueeze(1)).exp_();
-      if (rows > 0) {
-        g.scatter_add_(1, index.narrow(0, s, c).unsqueeze(1),
-                       -here.narrow(0, s, c).to(at::kFloat).unsqueeze(1));
-      }
-      g.mul_((counted * inv_count).unsqueeze(1));
-      auto g_compute = g.to(hidden.scalar_type());
+      // The chunk's logits in hidden's dtype (a bf16 GEMM under bf16 compute); a rank of a split
+      // vocabulary may hold no rows.
+      auto logits = rows > 0 ? at::mm(h, weight.t()) : at::empty({c, 0}, hidden.options());
+      auto part = detail::chunk_cross_entropy(logits, r, want_grad);
+      loss_sum += part.loss_sum;
+      if (!want_grad) continue;
       if (want_h) {
         auto rows_of_h = grad_h.narrow(0, s, c);
-        at::mm_out(rows_of_h, g_compute, weight);
+        at::mm_out(rows_of_h, part.grad, weight);
       }
-      if (want_w) {
-        // In place in fp32; a bf16 chunk's product is rounded once, then summed in fp32.
-        if (h.scalar_type() == at::kFloat) {
-          grad_w.addmm_(g_compute.t(), h);
-        } else {
-          grad_w.add_(at::mm(g_compute.t(), h));
-        }
-      }
+      if (want_w) detail::accumulate_weight_grad(grad_w, part.grad, h);
     }
     ctx->saved_data["grad_h"] = grad_h;
     ctx->saved_data["grad_w"] = grad_w;

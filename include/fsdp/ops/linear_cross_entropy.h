@@ -13,6 +13,13 @@
 // bf16 compute), their softmax in fp32, the gradient of the logits in fp32 scaled by 1 / count
 // before it is cast back to hidden's dtype for the two GEMMs. Equal to the unfused loss and
 // gradients in fp32 up to summation order; the weight's gradient sums the chunks' parts in fp32.
+//
+// On a GPU with this build's CUDA kernels (ops/fused.h's cuda_kernels_built, not turned off by
+// FSDP_CUDA_KERNELS=0), a chunk's softmax, loss and gradient are one kernel over its logits,
+// which it overwrites with their gradient (two passes instead of about ten, and no float32
+// copies); a row whose target is ignored is not read. In bf16 or half, cuBLAS adds each chunk's
+// weight-gradient product to the float32 sum directly, where the CPU rounds it to the dtype
+// first. Both agree with the CPU's form to float32 summation order and that rounding.
 #pragma once
 
 #include <ATen/ATen.h>
