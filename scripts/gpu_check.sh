@@ -65,10 +65,11 @@
 #   minillm_speed 150  only when named: train_minillm --fused-loss --float8 (the reference preset,
 #                   bf16, 20 steps) against FSDP2's plain run (the reference stage's, or run
 #                   here): tok/s ratio (issue 40's target 1.15x), peak memory, losses
-#   speed      420  only when named (scripts/gpu_check.sh speed): Llama-3.2-1B's shape, 6
+#   speed      480  only when named (scripts/gpu_check.sh speed): Llama-3.2-1B's shape, 6
 #                   steps each: train_llama plain, --fused-loss, --fused-loss --float8 (k, v
-#                   left out) against transformers + FSDP2 eager and with torchao's float8:
-#                   tokens/s, MFU, peak memory, ratios, losses against the matching reference
+#                   left out), --fused-loss at twice the batch, against transformers + FSDP2
+#                   eager, with torchao's float8 and with Liger-Kernel: tokens/s, MFU, peak
+#                   memory, ratios, losses against the matching reference
 # Optional stages run only when at least their cap is left before the deadline.
 #
 # Output (in $OUT, else gpu_check_out/): summary.txt, one line per stage as it ends, and
@@ -109,7 +110,7 @@ cap_of() {
     env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;; kernels) echo 60 ;;
     smoke) echo 45 ;; two_ranks) echo 100 ;; subgroups) echo 150 ;; lora) echo 70 ;;
     llama) echo 300 ;; reference) echo 170 ;; offload) echo 200 ;; profile) echo 45 ;;
-    speed) echo 420 ;; minillm_speed) echo 150 ;;
+    speed) echo 480 ;; minillm_speed) echo 150 ;;
   esac
 }
 optional() { [ "$1" = profile ]; }

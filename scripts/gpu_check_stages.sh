@@ -64,9 +64,10 @@ EOF
   [ "${shm_free:-0}" -ge 8 ] || init=/tmp/fsdp_gpu_check_init.safetensors
   # The reference stage writes and reads safetensors; the GPU machine's python may lack the
   # package: .gpu_deps/python has its wheel unpacked (scripts/gpu_bundle_deps.sh).
-  # The speed stage's reference imports torchao (float8), carried there too.
+  # The speed stage's references import torchao (float8) and liger_kernel, carried there too.
   local pythonpath=""
-  if ! "$PYTHON" -c "import safetensors.torch, torchao.float8" 2> /dev/null; then
+  if ! "$PYTHON" -c "import safetensors.torch, torchao.float8, liger_kernel.transformers" \
+    2> /dev/null; then
     pythonpath="$ROOT/.gpu_deps/python"
     if PYTHONPATH="$pythonpath" "$PYTHON" -c "import safetensors.torch"; then
       echo "safetensors: from $pythonpath"
@@ -75,6 +76,8 @@ EOF
     fi
     PYTHONPATH="$pythonpath" "$PYTHON" -c "import torchao.float8" 2> /dev/null ||
       echo "torchao: missing (the speed stage's float8 reference will fail)"
+    PYTHONPATH="$pythonpath" "$PYTHON" -c "import liger_kernel.transformers" 2> /dev/null ||
+      echo "liger_kernel: missing (the speed stage's Liger-Kernel reference will fail)"
   fi
   local bin="$ROOT/.gpu_bundle/bin"
   # A dry run without a bundle runs this checkout's own build.
@@ -635,33 +638,45 @@ EOF
 # Faster than FSDP2 (issue 40), runnable alone (scripts/gpu_check.sh speed; not in the default
 # set): Llama-3.2-1B's shape as the llama stage (seq 2048, batch 4, bf16 compute, fp32 master
 # and reduction, fused AdamW, from the same random weights and batches), 6 steps each:
-# train_llama plain, with --fused-loss, and with --fused-loss --float8 (k and v projections
-# left out: 2048 x 512 GEMMs gain nothing in float8); transformers + FSDP2 eager, and with
-# torchao's float8 (the same Linears). tokens/s, MFU, peak allocated memory, ratios against
-# transformers + FSDP2, and each loss curve against its reference (bf16: within 1e-2; float8
-# against torchao's float8). A dry run does the same at a tiny size on the CPU.
+# train_llama plain, with --fused-loss, with --fused-loss --float8 (k and v projections left
+# out: 2048 x 512 GEMMs gain nothing in float8), and with --fused-loss at batch 8 (the memory it
+# saves spent on the batch); transformers + FSDP2 eager, with torchao's float8 (the same
+# Linears), and with Liger-Kernel (its RMSNorm, RoPE, SwiGLU and fused linear cross-entropy).
+# tokens/s, MFU, peak allocated memory, ratios against transformers + FSDP2 (and the fused
+# loss's against Liger's), and each loss curve against its reference (bf16: within 1e-2; float8
+# against torchao's float8; Liger's against transformers'). A dry run does the same at a tiny
+# size on the CPU, without Liger (Triton needs a GPU).
 stage_speed() {
   STAGE=speed
   local dir seq batch steps
   llama_1b_model speed || return 1
   local common=(--hf-dir "$dir" --data-tokens "$L/speed_tokens.bin" --tokens-dtype uint32
-    --seq "$seq" --batch "$batch" --steps "$steps" --lr 3e-4)
+    --seq "$seq" --steps "$steps" --lr 3e-4)
   local rc=0 run name
+  # The last: the memory the fused loss saves spent on twice the batch (its losses are another
+  # batch's: not compared).
   for run in "cpp_plain:" "cpp_fused:--fused-loss" \
-    "cpp_fused_float8:--fused-loss --float8 --float8-skip k_proj,v_proj"; do
+    "cpp_fused_float8:--fused-loss --float8 --float8-skip k_proj,v_proj" \
+    "cpp_fused_batch2x:--fused-loss"; do
     name="${run%%:*}"
+    local rows="$batch"
+    [ "$name" = cpp_fused_batch2x ] && rows=$((2 * batch))
     # shellcheck disable=SC2086
-    timeout 100 "$FSDP_GPU_BIN/train_llama" "${common[@]}" ${run#*:} --dtype bf16 \
+    timeout 100 "$FSDP_GPU_BIN/train_llama" "${common[@]}" --batch "$rows" ${run#*:} --dtype bf16 \
       --optimizer fused-adamw --lr-schedule constant --weight-decay 0.1 --beta2 0.95 \
       --nonfinite off --metrics-out "$L/speed_$name.jsonl" > "$L/speed_$name.log" 2>&1 || rc=1
     tail -2 "$L/speed_$name.log"
   done
-  for run in "py_plain:" "py_float8:--float8 --float8-skip k_proj,v_proj"; do
+  for run in "py_plain:" "py_float8:--float8 --float8-skip k_proj,v_proj" "py_liger:--liger"; do
     name="${run%%:*}"
+    if [ "$name" = py_liger ] && [ "$PY_DEVICE" != cuda ]; then  # Triton: a GPU only
+      echo "SKIPPED: Liger-Kernel runs on a GPU only" > "$L/speed_$name.log"
+      continue
+    fi
     # shellcheck disable=SC2086
     (cd "$ROOT/bench/reference" && timeout 120 "$PYTHON" -m torch.distributed.run --standalone \
       --nproc_per_node 1 py_llama.py --mode fsdp2 --device "$PY_DEVICE" --dtype bf16 \
-      "${common[@]}" ${run#*:}) > "$L/speed_$name.log" 2>&1 || rc=1
+      "${common[@]}" --batch "$batch" ${run#*:}) > "$L/speed_$name.log" 2>&1 || rc=1
     tail -2 "$L/speed_$name.log"
   done
   rm -rf "$dir"
@@ -684,13 +699,16 @@ def py(name):
     return dict(tps=float(res.get("tokens_per_s", 0)), mfu=100 * float(res.get("mfu", 0)),
                 mem=float(res.get("peak_mem_mb", 0)),
                 losses=[float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", log, re.M)])
+skipped = "SKIPPED" in read("speed_py_liger.log")
 runs = [("train_llama", cpp("cpp_plain"), "py_plain"),
         ("train_llama --fused-loss", cpp("cpp_fused"), "py_plain"),
         ("train_llama --fused-loss --float8", cpp("cpp_fused_float8"), "py_float8"),
+        ("train_llama --fused-loss, batch x2", cpp("cpp_fused_batch2x"), None),
         ("transformers + FSDP2", py("py_plain"), None),
-        ("transformers + torchao float8 + FSDP2", py("py_float8"), None)]
-ref = {"py_plain": runs[3][1], "py_float8": runs[4][1]}
-base = runs[3][1]
+        ("transformers + torchao float8 + FSDP2", py("py_float8"), None),
+        ("transformers + Liger-Kernel + FSDP2", py("py_liger"), "py_plain")]
+ref = {"py_plain": runs[4][1], "py_float8": runs[5][1]}
+base, liger = runs[4][1], runs[6][1]
 def worst(a, b):
     if not a or len(a) != len(b):
         return float("inf")
@@ -701,6 +719,9 @@ print(f"{'program':<40} {'tokens/s':>9} {'vs FSDP2':>9} {'MFU':>6} {'peak MiB':>
       f"{'vs FSDP2':>9} {'loss rel diff':>14}")
 ok, errs = True, {}
 for name, r, against in runs:
+    if skipped and r is liger:
+        print(f"{name:<40} skipped (a GPU only)")
+        continue
     w = worst(r["losses"], ref[against]["losses"]) if against else None
     if w is not None:
         errs[name] = w
@@ -709,10 +730,15 @@ for name, r, against in runs:
     print(f"{name:<40} {r['tps']:>9.0f} {ratio(r['tps'], base['tps']):>9} {r['mfu']:>5.1f}% "
           f"{r['mem']:>9.0f} {ratio(r['mem'], base['mem']):>9} "
           f"{'' if w is None else f'{w:.1e}':>14}")
-best = runs[2][1]
+best, fused, big = runs[2][1], runs[1][1], runs[3][1]
+against_liger = ("Liger not run (a GPU only)" if skipped else
+                 f"{ratio(fused['tps'], liger['tps'])} Liger's (Liger {ratio(liger['tps'], base['tps'])} "
+                 f"FSDP2's at {ratio(liger['mem'], base['mem'])})")
 line = (f"fused+float8 {ratio(best['tps'], base['tps'])} FSDP2's tok/s at "
-        f"{ratio(best['mem'], base['mem'])} its memory; fused {ratio(runs[1][1]['tps'], base['tps'])}; "
-        f"torchao float8 {ratio(runs[4][1]['tps'], base['tps'])} | losses worst rel diff "
+        f"{ratio(best['mem'], base['mem'])} its memory; fused {ratio(fused['tps'], base['tps'])} "
+        f"at {ratio(fused['mem'], base['mem'])}, {against_liger}; "
+        f"fused batch x2 {ratio(big['tps'], base['tps'])} at {ratio(big['mem'], base['mem'])}; "
+        f"torchao float8 {ratio(runs[5][1]['tps'], base['tps'])} | losses worst rel diff "
         f"{max(errs.values()):.1e} ({'within' if ok else 'NOT within'} 1e-2)")
 open(os.path.join(L, "speed.detail"), "w").write(line + "\n")
 sys.exit(0 if ok else 1)

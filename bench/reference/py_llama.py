@@ -26,7 +26,10 @@ On a GPU (--device cuda, NCCL, one GPU per rank, under torchrun: scripts/gpu_che
 stage): --dtype bf16 is FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) with
 fp32 master weights, as train_llama --dtype bf16; --activation-checkpointing wraps every decoder
 layer in checkpoint_wrapper before fully_shard, as train_llama checkpoints every block;
---lora-adapter trains PEFT's adapters alone. A step is timed between two device
+--lora-adapter trains PEFT's adapters alone; --liger is transformers + Liger-Kernel (its
+apply_liger_kernel_to_llama before the model is built: Triton kernels for RMSNorm, RoPE and
+SwiGLU, and its fused linear cross-entropy, which the patched forward computes from the hidden
+states given the targets as shift_labels, without the logits). A step is timed between two device
 synchronisations (zero_grad, forward, backward, fused AdamW), peak_mem_mb is the largest
 torch.cuda.max_memory_allocated of a rank, and mfu divides the training FLOPs per token
 (train_flops_per_token in src/models/llama/model.cpp: 6 x the matmul parameters + 12 x layers x
@@ -86,6 +89,11 @@ def run(rank, world, a):
         distributed = True
     elif distributed:
         hf_llama.init_gloo(rank, world, a.port)
+    if a.liger:
+        # Patches transformers' Llama classes and LlamaForCausalLM.forward: before the model.
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=True)
     model = build_model(a)
     vocab = model.config.vocab_size
     flops_per_token = train_flops_per_token(model.config, a.seq)
@@ -153,8 +161,11 @@ def run(rank, world, a):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with loss_context():
-            logits = model(input_ids=inputs, use_cache=False).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
+            if a.liger:  # the targets are already shifted: shift_labels, not labels
+                loss = model(input_ids=inputs, shift_labels=targets, use_cache=False).loss
+            else:
+                logits = model(input_ids=inputs, use_cache=False).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
             loss.backward()
         opt.step()
         if cuda:
@@ -218,6 +229,9 @@ def main():
                    help="torchao's float8 training (Float8Linear, recipe tensorwise) on the "
                         "decoder layers' Linears, as train_llama --float8")
     p.add_argument("--float8-skip", default="", help="with --float8: Linears left out (k_proj,...)")
+    p.add_argument("--liger", action="store_true",
+                   help="transformers + Liger-Kernel (RMSNorm, RoPE, SwiGLU, fused linear "
+                        "cross-entropy; Triton: --device cuda)")
     a = p.parse_args()
     for k, v in PRESETS[a.preset].items():
         if getattr(a, k) is None:
@@ -235,6 +249,9 @@ def main():
         sys.exit("py_llama.py: error: --dtype bf16 is FSDP2's mixed precision (--mode fsdp2)")
     if a.float8 and (a.tp > 1 or a.lora_adapter):
         sys.exit("py_llama.py: error: --float8 trains without --tp and --lora-adapter")
+    if a.liger and (a.device != "cuda" or a.tp > 1 or a.float8 or a.lora_adapter):
+        sys.exit("py_llama.py: error: --liger runs on a GPU (--device cuda: Triton), without "
+                 "--tp, --float8 and --lora-adapter")
     if a.tp > 1 and (a.device == "cuda" or a.activation_checkpointing or a.lora_adapter):
         sys.exit("py_llama.py: error: --tp runs on the CPU without checkpointing or LoRA")
     if a.tp < 1 or a.world % a.tp or (a.tp > 1 and a.mode != "fsdp2"):
