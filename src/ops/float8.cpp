@@ -23,18 +23,27 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
   struct Scale {
     at::Tensor gathered;
     Float8Scaling scaling = Float8Scaling::tensorwise;
+    bool weight_grad = true;  // a backward may want the weight's gradient (so x's cast)
   };
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const Scale& scale) {
-    ctx->save_for_backward({x, weight});
     ctx->saved_data["rowwise"] = scale.scaling == Float8Scaling::rowwise;
     if (scale.scaling == Float8Scaling::rowwise) {
+      ctx->save_for_backward({x, weight});
       // torchao's axiswise casts: x by rows, weight^T by columns (the weight's output rows).
       const auto x8 = to_float8_rowwise(x, at::kFloat8_e4m3fn, -1);
       const auto w8 = to_float8_rowwise(weight, at::kFloat8_e4m3fn, 1);
       return float8_mm(x8, {w8.data.t(), w8.scale.t()}, x.scalar_type(), /*fast_accum=*/true);
     }
-    const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, /*row=*/true, false);
+    // x's transposed cast for the weight's gradient GEMM (tokens padded for a GPU's) is written
+    // by the same pass as the forward's and kept instead of x: torchao casts x again in the
+    // backward, to the same bytes (the same x, amax and scale), so this saves a read of x for
+    // its amax and one for the cast, and keeps 1 byte an element instead of x's 2. Without a
+    // weight gradient nothing of x is kept.
+    const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, /*row=*/true,
+                                           /*col=*/scale.weight_grad, dw_token_padding(x));
+    ctx->save_for_backward({scale.weight_grad ? x8.col : at::Tensor(), weight});
+    ctx->saved_data["x_scale"] = x8.scale;
     const auto w_scale = weight_scale(weight, scale.gathered);
     const auto w8 = detail::cast_to_float8(weight, at::kFloat8_e4m3fn, w_scale, true, false);
     ctx->saved_data["w_scale"] = w_scale;
@@ -43,17 +52,14 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
     const auto& weight = saved[1];
     const auto& dy = grad_outputs[0];
-    if (ctx->saved_data["rowwise"].toBool()) return rowwise_backward(ctx, x, weight, dy);
+    if (ctx->saved_data["rowwise"].toBool()) return rowwise_backward(ctx, saved[0], weight, dy);
     // dy's cast serves both GEMMs (torchao's two casts of it use the same config): row-major
-    // for dx's, transposed for dw's, in one pass on a GPU. The tokens are dw's inner dimension,
-    // which a GPU's _scaled_mm wants a multiple of 16 (torchao's pad_inner_dim): zero columns
-    // there add nothing. The CPU needs none, and keeps torchao's exact GEMM.
+    // for dx's, transposed for dw's, in one pass on a GPU.
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
-    const int64_t pad = dy.is_cuda() ? 16 : 1;
-    const auto dy8 = detail::cast_to_float8(dy, at::kFloat8_e5m2, {}, need_dx, need_dw, pad);
+    const auto dy8 = detail::cast_to_float8(dy, at::kFloat8_e5m2, {}, need_dx, need_dw,
+                                            dw_token_padding(dy));
     at::Tensor dx, dw;
     if (need_dx) {
       // W [out, in] as the GEMM's column-major right side: its transpose, cast in one pass.
@@ -62,8 +68,10 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
       dx = float8_mm({dy8.row, dy8.scale}, {w8.col, w8.scale}, dy.scalar_type());
     }
     if (need_dw) {
-      const auto x8 = detail::cast_to_float8(x, at::kFloat8_e4m3fn, {}, false, true, pad);
-      dw = float8_mm({dy8.col.t(), dy8.scale}, {x8.col, x8.scale}, dy.scalar_type());
+      const auto& x_col = saved[0];  // the forward's cast of x, transposed
+      TORCH_INTERNAL_ASSERT(x_col.defined(), "float8_linear: no cast of x kept for dW");
+      dw = float8_mm({dy8.col.t(), dy8.scale}, {x_col, ctx->saved_data["x_scale"].toTensor()},
+                     dy.scalar_type());
     }
     return {dx, dw, at::Tensor()};
   }
@@ -98,6 +106,11 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     }
     return {dx, dw, at::Tensor()};
   }
+
+  // The tokens are the weight gradient's inner dimension, which a GPU's _scaled_mm wants a
+  // multiple of 16 (torchao's pad_inner_dim): zero rows there add nothing. The CPU needs none,
+  // and keeps torchao's exact GEMM.
+  static int64_t dw_token_padding(const at::Tensor& t) { return t.is_cuda() ? 16 : 1; }
 
   // The gathered scale where it is the weight's (float8.h), else the weight's own; on the
   // device, without a host sync.
@@ -233,8 +246,10 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
   FSDP_CHECK_ARG(!weight_scale.defined() || scaling == Float8Scaling::tensorwise,
                  "float8_linear: a gathered weight scale is tensorwise; rowwise scaling casts the "
                  "weight by rows itself");
+  // In no-grad mode (evaluation) or for a frozen weight no weight gradient can be asked for.
+  const bool weight_grad = at::GradMode::is_enabled() && weight.requires_grad();
   auto y = Float8Matmul::apply(x.reshape({-1, x.size(-1)}), weight,
-                               Float8Matmul::Scale{weight_scale, scaling})
+                               Float8Matmul::Scale{weight_scale, scaling, weight_grad})
                .reshape(out_shape);
   // Float8Linear.forward: the bias added after the GEMM, in the output's dtype.
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;

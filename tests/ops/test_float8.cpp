@@ -271,6 +271,28 @@ TEST(Float8Linear, AFrozenWeightGetsNoGradientAndNoBiasIsFine) {
   EXPECT_LT(rel8(c.x.grad(), by_hand(c).dx), 1e-6);
 }
 
+// The backward keeps x's float8 cast (1 byte an element), not x: once the caller drops x (an
+// activation without a gradient of its own here), its storage is freed while the graph lives,
+// and the weight's gradient is still the float8 GEMM's. The same with a frozen weight (then
+// nothing of x is kept). Before, the graph held x itself.
+TEST(Float8Linear, KeepsXsFloat8CastForTheBackwardNotX) {
+  for (bool frozen : {false, true}) {
+    auto c = make_linear(at::kBFloat16);
+    c.weight.requires_grad_(!frozen);
+    const auto want = by_hand(c);
+    auto x = c.x.detach().clone();
+    auto y = ops::float8_linear(x, c.weight, c.bias);
+    const auto storage = x.storage().getWeakStorageImpl();
+    x = at::Tensor();
+    EXPECT_TRUE(storage.expired()) << (frozen ? "frozen" : "trained") << " weight";
+    y.backward(c.dy);
+    EXPECT_LT(rel8(y, want.y), 1e-2);
+    if (!frozen) {
+      EXPECT_LT(rel8(c.weight.grad(), want.dw), 1e-2);
+    }
+  }
+}
+
 TEST(Float8Linear, RefusesShapesAndDtypesItCannotRun) {
   EXPECT_THROW(ops::float8_linear(torch::randn({4, 24}), torch::randn({32, 24}), {}),
                InvalidArgument);  // 24 inputs: not a multiple of 16
