@@ -58,8 +58,8 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     // dy's cast serves both GEMMs (torchao's two casts of it use the same config): row-major
     // for dx's, transposed for dw's, in one pass on a GPU.
     const bool need_dx = ctx->needs_input_grad(0), need_dw = ctx->needs_input_grad(1);
-    const auto dy8 = detail::cast_to_float8(dy, at::kFloat8_e5m2, {}, need_dx, need_dw,
-                                            dw_token_padding(dy));
+    const auto dy8 =
+        detail::cast_to_float8(dy, at::kFloat8_e5m2, {}, need_dx, need_dw, dw_token_padding(dy));
     at::Tensor dx, dw;
     if (need_dx) {
       // W [out, in] as the GEMM's column-major right side: its transpose, cast in one pass.

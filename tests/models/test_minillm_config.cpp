@@ -31,8 +31,7 @@ TEST(MiniLLMConfig, Float8IsRefusedByNameWhereItCannotRun) {
   c.layers = 1;
   c.heads = 2;
   c.float8_scaling = ops::Float8Scaling::rowwise;
-  EXPECT_NE(refusal(c).find("rowwise scaling but float8 is off"), std::string::npos)
-      << refusal(c);
+  EXPECT_NE(refusal(c).find("rowwise scaling but float8 is off"), std::string::npos) << refusal(c);
   c.float8 = true;
   EXPECT_EQ(refusal(c), "");
   c.dim = 24;  // 24 x 96: not multiples of 16
