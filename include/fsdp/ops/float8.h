@@ -11,9 +11,12 @@
 // saturate(float32(t) * scale) cast to f8; the GEMM multiplies by 1 / scale of each side and
 // accumulates in float32, returning the input's dtype. The bias, the master weights, the
 // gradients' dtype and the optimizer state are as without float8: only the GEMMs' operands are
-// rounded. Like torchao, the backward keeps the high-precision x and W (not their float8 casts)
-// and casts again: W is the unsharded parameter FSDP frees and gathers again for the backward,
-// so keeping a float8 copy from the forward would hold every layer's weight at once.
+// rounded. The backward keeps x's float8 cast for the weight's gradient (the transposed copy,
+// written by the forward's cast pass: the bytes torchao's backward casts again) and none of x
+// when the weight gets no gradient; it keeps the high-precision W and casts it again, as
+// torchao: W is the unsharded parameter FSDP frees and gathers again for the backward, so
+// keeping a float8 copy from the forward would hold every layer's weight at once. (Rowwise
+// scaling keeps x, which its backward casts along another axis.)
 //
 // On a GPU with this build's CUDA kernels (fused.h's cuda_kernels_built()), each cast is two
 // kernels, the largest magnitude and then the cast, which also writes the transposed operand a
