@@ -159,10 +159,8 @@ Float8Tensor to_float8_rowwise(const at::Tensor& t, at::ScalarType dtype, int64_
       "to_float8_rowwise: expected a non-empty floating 2-D tensor and one of its dimensions "
       "(0, 1, -1, -2), got {} of {} and dim {}",
       c10::toString(t.scalar_type()), t.sizes(), dim);
-  // torchao's tensor_to_amax (axiswise), amax_to_scale, _round_scale_down_to_power_of_2.
-  auto scale = float8_scale(t.abs().amax({dim}, /*keepdim=*/true), dtype);
-  scale = at::exp2(at::floor(at::log2(scale)));
-  return {detail::saturated_cast(t, scale, dtype), scale};
+  auto c = detail::cast_to_float8_axiswise(t, dtype, dim < 0 ? dim + 2 : dim);
+  return {std::move(c.data), std::move(c.scale)};
 }
 
 Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale) {

@@ -102,4 +102,27 @@ Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::T
   return out;
 }
 
+Float8Axiswise cast_to_float8_axiswise(const at::Tensor& t, at::ScalarType dtype, int64_t dim) {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  if (kernels_run_on(t)) {
+    c10::cuda::CUDAGuard guard(t.device());
+    const auto x = t.contiguous();
+    const int64_t rows = x.size(0), cols = x.size(1);
+    Float8Axiswise out{at::empty(x.sizes(), x.options().dtype(dtype)),
+                       at::empty(dim == 1 ? at::IntArrayRef{rows, 1} : at::IntArrayRef{1, cols},
+                                 x.options().dtype(at::kFloat))};
+    check_launch(
+        cuda::float8_cast_axiswise(*kernel_dtype(x.scalar_type()), format_of(dtype), x.data_ptr(),
+                                   rows, cols, static_cast<int>(dim), out.scale.data_ptr<float>(),
+                                   out.data.data_ptr(), stream_of(x)),
+        "float8 rowwise cast");
+    return out;
+  }
+#endif
+  // torchao's tensor_to_amax (axiswise), amax_to_scale, _round_scale_down_to_power_of_2.
+  auto scale = float8_scale(t.abs().amax({dim}, /*keepdim=*/true), dtype);
+  scale = at::exp2(at::floor(at::log2(scale)));
+  return {saturated_cast(t, scale, dtype), scale};
+}
+
 }  // namespace fsdp::ops::detail

@@ -1,7 +1,8 @@
 // The dynamic float8 cast of fsdp/ops/float8.h in the layouts the float8 GEMMs take, for the
 // ops' own code (float8.cpp, float8_all_gather.cpp). On a GPU with this build's CUDA kernels it
 // is two kernels whatever the layouts (ops/cuda/float8_kernels.h); elsewhere the ATen ops
-// torchao's cast is written in, with the transpose copied after. Both give the same bytes.
+// torchao's cast is written in, with the transpose copied after. Both give the same bytes. The
+// same for the rowwise recipe's axiswise cast (cast_to_float8_axiswise).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,5 +35,15 @@ struct Float8Cast {
 // `col` with a t that is not 2-D.
 Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
                           bool row, bool col, int64_t pad_to = 1);
+
+// The rowwise recipe's axiswise cast (float8.h's to_float8_rowwise, whose arguments it takes
+// checked: t 2-D and non-empty, dim 0 or 1): one scale per slice along `dim`, a power of 2. On
+// a GPU with the kernels, ops/cuda/float8_kernels.h's float8_cast_axiswise (one pass per row, or
+// three short ones per column); elsewhere torchao's ATen ops. Both give the same bytes.
+struct Float8Axiswise {
+  at::Tensor data;   // t's shape: row-major from the kernels, t's layout from the ATen ops
+  at::Tensor scale;  // float32, [rows, 1] (dim 1) or [1, cols] (dim 0)
+};
+Float8Axiswise cast_to_float8_axiswise(const at::Tensor& t, at::ScalarType dtype, int64_t dim);
 
 }  // namespace fsdp::ops::detail

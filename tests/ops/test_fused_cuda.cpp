@@ -233,6 +233,79 @@ TEST(FusedCuda, Float8CastKernelsGiveTheAtenCastsBytes) {
   }
 }
 
+// The rowwise recipe's axiswise cast (a scale per row or per column, powers of 2): the kernels'
+// scales and bytes against torchao's ATen ops on the same GPU, both axes (and their negative
+// names), both formats, float, bf16 and half, shapes off the block and the column runs, more
+// rows than the row kernel's grid and than the column kernel's (4.2M), an all-zero row and
+// column, a transposed input, amaxes a few ulps around 448 / 2^k (where the power-of-2 rounding
+// turns); a NaN makes its row's (or column's) scale and elements NaN and leaves the rest.
+TEST(FusedCuda, Float8RowwiseCastKernelsGiveTheAtenCastsBytes) {
+  FSDP_SKIP_WITHOUT_GPU();
+  if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
+  auto aten_rowwise = [](const at::Tensor& t, at::ScalarType f8, int64_t dim) {
+    auto scale = ops::float8_scale(t.abs().amax({dim}, true), f8);
+    scale = at::exp2(at::floor(at::log2(scale)));
+    const double max = f8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+    return ops::Float8Tensor{(t.to(at::kFloat) * scale).clamp(-max, max).to(f8), scale};
+  };
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (auto f8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+      for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 16}, {21, 48}, {129, 1000}, {1000, 2048}, {70000, 16}, {4200001, 3}}) {
+        if (m > 100000 && (dtype != at::kFloat || f8 != at::kFloat8_e4m3fn)) continue;
+        torch::manual_seed(12);
+        // half's range is narrower: magnitudes over fewer binades there.
+        const double spread = dtype == at::kHalf ? 1.5 : 4;
+        auto t = (torch::randn({m, k}) * torch::exp(torch::randn({m, k}) * spread))
+                     .to(at::TensorOptions().device(at::kCUDA).dtype(dtype));
+        if (m > 3) t[2].zero_();                     // an all-zero row: the scale of amax 1e-12
+        if (m > 3 && k > 3) t.select(1, 1).zero_();  // and an all-zero column
+        if (m >= 21 && k >= 16 && dtype == at::kFloat) {
+          // Row r's amax a few ulps around 448 / 2^r: its scale sits at a power of 2.
+          for (int64_t r = 3; r < 16; ++r) {
+            const float edge = 448.0f / static_cast<float>(1 << (r - 3));
+            const float v = std::nextafter(edge, r % 3 == 0 ? 0.0f : (r % 3 == 1 ? 1e9f : edge));
+            t[r].clamp_(-edge / 2, edge / 2);
+            t[r][0] = v;
+          }
+        }
+        for (int64_t dim : {1, 0, -1, -2}) {
+          const auto want = aten_rowwise(t, f8, dim);
+          const auto got = ops::to_float8_rowwise(t, f8, dim);
+          const auto where = ::testing::Message()
+                             << c10::toString(dtype) << " " << c10::toString(f8) << " [" << m
+                             << ", " << k << "] dim " << dim;
+          ASSERT_EQ(got.scale.sizes(), want.scale.sizes()) << where;
+          EXPECT_TRUE(got.scale.equal(want.scale)) << where;
+          EXPECT_TRUE(same_bytes(got.data, want.data)) << where;
+        }
+        if (m == 129) {  // a transposed (column-major) input
+          const auto tt = t.t();
+          const auto got = ops::to_float8_rowwise(tt, f8, 1);
+          EXPECT_TRUE(got.scale.equal(aten_rowwise(tt, f8, 1).scale)) << "transposed";
+          EXPECT_TRUE(same_bytes(got.data, aten_rowwise(tt, f8, 1).data)) << "transposed";
+        }
+      }
+    }
+  }
+  auto t = torch::randn({40, 64}, at::TensorOptions().device(at::kCUDA));
+  t[5][7] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t dim : {1, 0}) {
+    const auto got = ops::to_float8_rowwise(t, at::kFloat8_e4m3fn, dim);
+    const auto want = aten_rowwise(t, at::kFloat8_e4m3fn, dim);
+    EXPECT_TRUE(got.scale.isnan().equal(want.scale.isnan())) << dim;
+    EXPECT_EQ(got.scale.isnan().sum().item<int64_t>(), 1) << dim;
+    const auto got_nan = got.data.to(at::kFloat).isnan(),
+               want_nan = want.data.to(at::kFloat).isnan();
+    EXPECT_TRUE(got_nan.equal(want_nan)) << dim;
+    EXPECT_EQ(got_nan.sum().item<int64_t>(), dim == 1 ? 64 : 40) << dim;  // row 5 or column 7
+    EXPECT_TRUE(got.data.view(at::kByte)
+                    .masked_fill(got_nan, 0)
+                    .equal(want.data.view(at::kByte).masked_fill(want_nan, 0)))
+        << dim;
+  }
+}
+
 TEST(FusedCuda, Float8AmaxKernelIsAtensAndKeepsNaN) {
   FSDP_SKIP_WITHOUT_GPU();
   if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";

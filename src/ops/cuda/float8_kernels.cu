@@ -1,6 +1,8 @@
 // float8_kernels.h: the largest magnitude (a grid-stride loop, warp reductions, one atomic per
 // warp) and the cast (elementwise for the row-major result alone; 32 x 32 tiles through shared
-// memory when the transpose is wanted, so that both results are written row by row).
+// memory when the transpose is wanted, so that both results are written row by row); and the
+// rowwise recipe's axiswise casts (a block per row, or column maxima with atomics, then scales,
+// then an elementwise cast).
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -102,6 +104,69 @@ __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int
   }
 }
 
+// torchao's _round_scale_down_to_power_of_2 as ATen computes it on float32 (log2, floor, exp2:
+// the same CUDA math functions ATen's kernels call). Where log2f rounds up to a whole number
+// (s just below a power of 2) the result is that power, above s, as ATen's is too.
+__device__ __forceinline__ float power_of_2_scale(float s) { return exp2f(floorf(log2f(s))); }
+
+// Axis 1: a block per row (a grid-stride loop over the rows): the row's largest magnitude (the
+// bits' maximum, NaN above all), its scale, then the row's cast.
+template <typename T>
+__global__ void cast_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                 Float8Format f, float* __restrict__ scale,
+                                 __nv_fp8_storage_t* __restrict__ out) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform over the block
+    const T* xr = x + r * cols;
+    unsigned m = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) m = max(m, abs_bits(to_f(xr[c])));
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    unsigned all = 0;
+    for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_max[w]);
+    __syncthreads();  // warp_max is refilled for the next row
+    const float s = power_of_2_scale(scale_of(__uint_as_float(all), f));
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int64_t c = threadIdx.x; c < cols; c += kThreads) out[r * cols + c] = to_fp8(xr[c], s, f);
+  }
+}
+
+// Axis 0, first pass: each thread a column over a run of kColumnRun rows, the maxima combined
+// with one atomic per thread into bits[col] (zeroed before).
+constexpr int64_t kColumnRun = 64;
+
+template <typename T>
+__global__ void column_abs_max_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                      unsigned* __restrict__ bits) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  for (int64_t r0 = blockIdx.y * kColumnRun; r0 < rows; r0 += gridDim.y * kColumnRun) {
+    unsigned m = 0;
+    const int64_t end = r0 + kColumnRun < rows ? r0 + kColumnRun : rows;
+    for (int64_t r = r0; r < end; ++r) m = max(m, abs_bits(to_f(x[r * cols + c])));
+    if (m != 0) atomicMax(&bits[c], m);
+  }
+}
+
+// Axis 0, second pass: each column's amax bits turned into its scale, in place.
+__global__ void column_scales_kernel(float* __restrict__ scale, int64_t cols, Float8Format f) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c < cols) scale[c] = power_of_2_scale(scale_of(scale[c], f));
+}
+
+// Axis 0, the cast: element i of a row-major [rows, cols] takes its column's scale.
+template <typename T>
+__global__ void cast_columns_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                    Float8Format f, const float* __restrict__ scale,
+                                    __nv_fp8_storage_t* __restrict__ out) {
+  const int64_t numel = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = to_fp8(x[i], scale[i % cols], f);
+  }
+}
+
 unsigned grid_for(int64_t numel) {
   return static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 4096)));
@@ -140,6 +205,38 @@ cudaError_t float8_cast(DType dtype, Float8Format format, const void* x, int64_t
                     static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
     cast_transpose_kernel<T>
         <<<grid, block, 0, stream>>>(xs, rows, cols, format, amax, scale, o, ot, ld_t);
+  });
+}
+
+cudaError_t float8_cast_axiswise(DType dtype, Float8Format format, const void* x, int64_t rows,
+                                 int64_t cols, int axis, float* scale, void* out,
+                                 cudaStream_t stream) {
+  if (axis != 0 && axis != 1) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  auto* o = static_cast<__nv_fp8_storage_t*>(out);
+  if (axis == 0) {
+    // The amaxes accumulate as bits in the scales' own storage (0 is +0.0, below every bit
+    // pattern of a magnitude).
+    if (const auto e = cudaMemsetAsync(scale, 0, cols * sizeof(float), stream); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return by_dtype(dtype, [&](auto t) {
+    using T = decltype(t);
+    const auto* xs = static_cast<const T*>(x);
+    if (axis == 1) {
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+      cast_rows_kernel<T><<<blocks, kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
+      return;
+    }
+    const auto column_blocks = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
+    const dim3 grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(
+                                       (rows + kColumnRun - 1) / kColumnRun, 65535)));
+    column_abs_max_kernel<T>
+        <<<grid, kThreads, 0, stream>>>(xs, rows, cols, reinterpret_cast<unsigned*>(scale));
+    column_scales_kernel<<<column_blocks, kThreads, 0, stream>>>(scale, cols, format);
+    cast_columns_kernel<T>
+        <<<grid_for(rows * cols), kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
   });
 }
 

@@ -31,4 +31,15 @@ cudaError_t float8_cast(DType dtype, Float8Format format, const void* x, int64_t
                         const float* amax, float* scale, void* out, void* out_t, int64_t ld_t,
                         cudaStream_t stream);
 
+// The axiswise cast of torchao's rowwise recipe (float8.h's to_float8_rowwise): x [rows, cols]
+// (contiguous) with one scale per row (axis 1: each row's largest magnitude over its columns)
+// or per column (axis 0: over the rows), each torchao's scale of its amax (as above) rounded
+// down to a power of 2 as ATen's exp2(floor(log2(scale))) in float32 rounds it; out row-major
+// [rows, cols], scale float32 [rows] or [cols]. A NaN in a slice makes its scale and all of its
+// elements NaN, as the ATen ops do. Per row: one pass (a block per row); per column: the
+// columns' amaxes (atomics into `scale`), their scales, then the cast.
+cudaError_t float8_cast_axiswise(DType dtype, Float8Format format, const void* x, int64_t rows,
+                                 int64_t cols, int axis, float* scale, void* out,
+                                 cudaStream_t stream);
+
 }  // namespace fsdp::ops::cuda
