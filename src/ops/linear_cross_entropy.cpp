@@ -60,7 +60,10 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const auto hidden = hidden_in.contiguous();
     const int64_t n = hidden.size(0), rows = weight.size(0);
     const bool split = o.tp && o.tp->size() > 1;
-    const int64_t chunk = linear_cross_entropy_chunk(n, hidden.size(1), rows, o);
+    // The kernel keeps nothing but the GEMM's logits (in hidden's dtype) per chunk.
+    const bool in_place = rows > 0 && detail::chunk_kernel_runs_on(hidden);
+    const int64_t chunk = linear_cross_entropy_chunk(n, hidden.size(1), rows, o,
+                                                     in_place ? hidden.element_size() : 4);
     const bool want_h = hidden_in.requires_grad(), want_w = weight.requires_grad();
     auto valid = targets.ne(o.ignore_index);
     // 1 / count on the device: scaling needs no host sync.
@@ -120,21 +123,25 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 }  // namespace
 
 int64_t linear_cross_entropy_chunk(int64_t tokens, int64_t hidden, int64_t vocab,
-                                   const LinearCrossEntropyOptions& options) {
+                                   const LinearCrossEntropyOptions& options, int64_t logit_bytes) {
   FSDP_CHECK_ARG(options.chunk_tokens >= 0,
                  "linear_cross_entropy: chunk_tokens must be >= 0 (0: automatic), got {}",
                  options.chunk_tokens);
+  FSDP_CHECK_ARG(logit_bytes >= 1 && logit_bytes <= 8,
+                 "linear_cross_entropy_chunk: logit_bytes must be 1 to 8, got {}", logit_bytes);
   if (tokens <= 0) return 1;
   if (options.chunk_tokens > 0) return std::min(options.chunk_tokens, tokens);
   // Liger-Kernel's rule: about tokens * hidden / vocab rows, a power of two; but at least as many
-  // rows as 256 MiB of fp32 logits hold (a power of two), because every chunk also adds its part
-  // to the whole [vocab, hidden] weight gradient: with a small hidden size Liger's chunks are a
-  // few tokens, and that traffic made a step 4x slower on the CPU (vocab 128256, hidden 256).
+  // rows as 256 MiB of logits hold (a power of two; float32 for the ATen form), because every
+  // chunk also adds its part to the whole [vocab, hidden] weight gradient: with a small hidden
+  // size Liger's chunks are a few tokens, and that traffic made a step 4x slower on the CPU
+  // (vocab 128256, hidden 256); on a GPU each chunk reads and writes the float32 sum (1 GiB at
+  // Llama-3.2-1B's head).
   const int64_t factor = std::max<int64_t>(1, (vocab + hidden - 1) / std::max<int64_t>(hidden, 1));
   const int64_t want = (tokens + factor - 1) / factor;
   int64_t chunk = 1;
   while (chunk < want) chunk *= 2;
-  const int64_t budget = (int64_t{256} << 20) / (4 * std::max<int64_t>(vocab, 1));
+  const int64_t budget = (int64_t{256} << 20) / (logit_bytes * std::max<int64_t>(vocab, 1));
   int64_t floor_rows = 1;
   while (floor_rows * 2 <= budget) floor_rows *= 2;
   return std::min(std::max(chunk, floor_rows), tokens);

@@ -86,6 +86,9 @@ TEST(LinearCrossEntropy, TheAutomaticChunkFollowsTheVocabulary) {
   EXPECT_EQ(ops::linear_cross_entropy_chunk(1 << 20, 8192, 128256), 65536);  // Liger's rule
   EXPECT_EQ(ops::linear_cross_entropy_chunk(37, 24, 1001), 37);
   EXPECT_EQ(ops::linear_cross_entropy_chunk(100, 4096, 1000), 100);
+  // The GPU kernel's bf16 logits alone: twice the rows for the same 256 MiB.
+  EXPECT_EQ(ops::linear_cross_entropy_chunk(8192, 2048, 128256, {}, 2), 1024);
+  EXPECT_THROW(ops::linear_cross_entropy_chunk(10, 10, 10, {}, 0), InvalidArgument);
   LinearCrossEntropyOptions o;
   o.chunk_tokens = -1;
   EXPECT_THROW(ops::linear_cross_entropy_chunk(10, 10, 10, o), InvalidArgument);

@@ -33,7 +33,8 @@ namespace fsdp::ops {
 struct LinearCrossEntropyOptions {
   // Tokens per chunk; 0 picks Liger-Kernel's size, about tokens * hidden / vocab rows (a chunk's
   // logits about as large as the hidden states), but at least the rows 256 MiB of fp32 logits
-  // hold (each chunk adds to the whole weight gradient: tiny chunks are slow); powers of two.
+  // hold (each chunk adds to the whole weight gradient: tiny chunks are slow), or of the
+  // logits' dtype where the GPU's kernel needs no float32 copy; powers of two.
   int64_t chunk_tokens = 0;
   // Targets equal to this are not counted (transformers' labels of -100).
   int64_t ignore_index = -100;
@@ -57,8 +58,12 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 const at::Tensor& targets,
                                 const LinearCrossEntropyOptions& options = {});
 
-// The chunk length `options.chunk_tokens` resolves to for these sizes.
+// The chunk length `options.chunk_tokens` resolves to for these sizes. `logit_bytes`: what a
+// chunk's transient holds per logit for the automatic size's 256 MiB floor: 4 (the float32 logits
+// of the ATen form, the default), or the dtype's size where the GPU's kernel works in place on
+// the GEMM's logits (2 in bf16: chunks twice as long at the same bytes).
 int64_t linear_cross_entropy_chunk(int64_t tokens, int64_t hidden, int64_t vocab,
-                                   const LinearCrossEntropyOptions& options = {});
+                                   const LinearCrossEntropyOptions& options = {},
+                                   int64_t logit_bytes = 4);
 
 }  // namespace fsdp::ops
