@@ -68,6 +68,7 @@ std::string check(const Options& o) {
   if (!o.model.float8 && o.model.float8_scaling != fsdp::ops::Float8Scaling::tensorwise) {
     return "--float8-recipe needs --float8";
   }
+  if (!o.model.float8 && o.model.float8_attention) return "--float8-attention needs --float8";
   if (o.model.float8 && o.model.dim % 16 != 0) {
     return fmt::format("--float8: the feed-forward Linears ({} x {}) need --dim a multiple of 16",
                        o.model.dim, 4 * o.model.dim);
@@ -119,6 +120,10 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
     trainer::add_choice(app, "--float8-recipe", o.model.float8_scaling,
                         "With --float8: torchao's recipe, tensorwise or rowwise (a power-of-2 "
                         "scale per row of each GEMM operand, all in e4m3)");
+    app.add_flag("--float8-attention", o.model.float8_attention,
+                 "With --float8: the attention's input and output projections in float8 too "
+                 "(torchao cannot convert them in this model: its float8 reference leaves them "
+                 "in high precision)");
   });
 }
 

@@ -75,14 +75,16 @@ int run(const Options& o, const fsdp::LaunchInfo& launch) {
   }
   task.vocab = o.model.vocab;
   task.train = data.get();
-  task.info = {"MiniLLM",
-               fmt::format("vocab {} dim {} layers {} heads {}{}{}", o.model.vocab, o.model.dim,
-                           o.model.layers, o.model.heads,
-                           o.model.float8 ? fmt::format(", float8 feed-forward ({})",
-                                                        trainer::name(o.model.float8_scaling))
-                                          : "",
-                           o.train.fused_loss ? ", fused loss" : ""),
-               mm::parameter_count(o.model), mm::train_flops_per_token(o.model, o.train.seq)};
+  task.info = {
+      "MiniLLM",
+      fmt::format("vocab {} dim {} layers {} heads {}{}{}", o.model.vocab, o.model.dim,
+                  o.model.layers, o.model.heads,
+                  o.model.float8 ? fmt::format(", float8 feed-forward{} ({})",
+                                               o.model.float8_attention ? " and attention" : "",
+                                               trainer::name(o.model.float8_scaling))
+                                 : "",
+                  o.train.fused_loss ? ", fused loss" : ""),
+      mm::parameter_count(o.model), mm::train_flops_per_token(o.model, o.train.seq)};
   task.finish = [&] {
     if (o.export_path.empty()) return;
     fsdp::ExportOptions options;

@@ -12,7 +12,9 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return torch::rms_norm(x, {weight.size(0)}, weight, /*eps=*/std::nullopt);
 }
 
-SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads) : heads_(heads) {
+SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads, bool float8,
+                                     ops::Float8Scaling scaling)
+    : heads_(heads), float8_(float8), float8_scaling_(scaling) {
   TORCH_CHECK(dim % heads == 0, "attention: dim ", dim, " is not divisible by heads ", heads);
   in_proj_weight = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
   in_proj_bias = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
@@ -23,13 +25,18 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t heads) : heads_(heads)
   out_proj->bias.zero_();
 }
 
+torch::Tensor SelfAttentionImpl::project(const torch::Tensor& x, const torch::Tensor& weight,
+                                         const torch::Tensor& bias) const {
+  if (!float8_) return torch::nn::functional::linear(x, weight, bias);
+  return ops::float8_linear(x, weight, bias, {}, float8_scaling_);
+}
+
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
-  namespace F = torch::nn::functional;
   const int64_t batch = x.size(0), seq = x.size(1), dim = x.size(2), head_dim = dim / heads_;
   // The steps of torch.nn.functional.multi_head_attention_forward (batch_first, q is k is v,
   // need_weights=False) in PyTorch 2.11, op for op, so both programs run the same kernels.
   auto h = x.transpose(0, 1);  // [seq, batch, dim]
-  auto proj = F::linear(h, in_proj_weight, in_proj_bias)
+  auto proj = project(h, in_proj_weight, in_proj_bias)
                   .unflatten(-1, {3, dim})
                   .unsqueeze(0)
                   .transpose(0, -2)
@@ -43,16 +50,17 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
   auto attn = torch::scaled_dot_product_attention(heads_first(proj[0]), heads_first(proj[1]),
                                                   heads_first(proj[2]));
   auto merged = attn.permute({2, 0, 1, 3}).contiguous().view({batch * seq, dim});
-  return F::linear(merged, out_proj->weight, out_proj->bias)
-      .view({seq, batch, dim})
-      .transpose(0, 1);
+  return project(merged, out_proj->weight, out_proj->bias).view({seq, batch, dim}).transpose(0, 1);
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8,
-                                           ops::Float8Scaling scaling)
+                                           ops::Float8Scaling scaling, bool float8_attention)
     : float8_(float8), float8_scaling_(scaling) {
   if (!float8 && scaling != ops::Float8Scaling::tensorwise) {
     throw InvalidArgument("MiniLLM float8: rowwise scaling but float8 is off");
+  }
+  if (!float8 && float8_attention) {
+    throw InvalidArgument("MiniLLM float8: float8_attention but float8 is off");
   }
   if (float8) {
     const auto why = ops::float8_linear_unsupported(dim, 4 * dim);
@@ -60,7 +68,7 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool floa
   }
   norm1 = register_module("norm1", RMSNorm(dim));
   norm2 = register_module("norm2", RMSNorm(dim));
-  attn = register_module("attn", SelfAttention(dim, heads));
+  attn = register_module("attn", SelfAttention(dim, heads, float8_attention, scaling));
   fc1 = torch::nn::Linear(torch::nn::LinearOptions(dim, 4 * dim).bias(false));
   fc2 = torch::nn::Linear(torch::nn::LinearOptions(4 * dim, dim).bias(false));
   ffn = register_module("ffn", torch::nn::Sequential(fc1, torch::nn::SiLU(), fc2));
@@ -78,7 +86,7 @@ MiniLLMImpl::MiniLLMImpl(const Config& c, const BlockBuilt& on_block_built) {
   embed = register_module("embed", torch::nn::Embedding(c.vocab, c.dim));
   auto blocks = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) {
-    TransformerBlock block(c.dim, c.heads, c.float8, c.float8_scaling);
+    TransformerBlock block(c.dim, c.heads, c.float8, c.float8_scaling, c.float8_attention);
     blocks->push_back(block);
     layers.push_back(block);
     if (on_block_built) on_block_built(i, layers.back());

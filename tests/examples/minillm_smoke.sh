@@ -3,9 +3,10 @@
 # step's loss to 1e-5, also with the training features on (accumulation without sync,
 # activation checkpointing, the whole-model start-up), as 2 replicas (hybrid sharding) and with
 # CPU offload (--offload all, --offload optimizer: on this machine the host is the device, the
-# same copies run); with the quantized all-gather near them; the loss falls; bad flags exit
-# non-zero with a message naming them; and fsdp_plan minillm (the program beside it) prints the
-# plan of train_minillm's flags, as the deprecated train_minillm --plan still does.
+# same copies run); with the quantized all-gather near them; float8 on the attention's
+# projections near fp32 and apart from float8 on the feed-forward alone; the loss falls; bad
+# flags exit non-zero with a message naming them; and fsdp_plan minillm (the program beside it)
+# prints the plan of train_minillm's flags, as the deprecated train_minillm --plan still does.
 #   minillm_smoke.sh TRAIN_MINILLM MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; shift
@@ -70,12 +71,30 @@ fi
 grep -q "| int8 all-gather, blocks of 64" "$tmp/w2q.log" \
   || { echo "the header does not show the quantized all-gather:"; cat "$tmp/w2q.log"; fail=1; }
 
+# float8 on the attention's projections too (--float8-attention): near the fp32 losses (float8's
+# rounding) without equalling those of float8 on the feed-forward alone; the header says so.
+for run in "f8:--float8" "f8a:--float8 --float8-attention"; do
+  # shellcheck disable=SC2086
+  "$bin" "${args[@]}" ${run#*:} --metrics-out "$tmp/${run%%:*}.jsonl" > "$tmp/${run%%:*}.log" 2>&1 \
+    || { cat "$tmp/${run%%:*}.log"; exit 1; }
+done
+paste <(losses "$tmp/w1.jsonl") <(losses "$tmp/f8.jsonl") <(losses "$tmp/f8a.jsonl") > "$tmp/f8pairs"
+if ! awk '{ d = $1 - $3; if (d < 0) d = -d; if (d > 2e-2 * $1) far = 1; if ($3 != $2) other = 1 }
+          END { if (far) { print "float8 attention losses far from fp32"; exit 1 }
+                if (!other) { print "float8 attention changed nothing"; exit 1 } }' \
+     "$tmp/f8pairs"; then
+  cat "$tmp/f8pairs"; fail=1
+fi
+grep -q "float8 feed-forward and attention (tensorwise)" "$tmp/f8a.log" \
+  || { echo "the header does not show float8 attention:"; cat "$tmp/f8a.log"; fail=1; }
+
 expect_error "--dim must be a positive integer" "$bin" --dim 0
 expect_error "--heads must divide --dim" "$bin" --dim 64 --heads 5
 expect_error "no such file" "$bin" --data /nonexistent/text.txt
 expect_error "The following argument was not expected: --bogus" "$bin" --bogus
 expect_error "--loss-chunk needs --fused-loss" "$bin" --loss-chunk 8
 expect_error "--float8-recipe needs --float8" "$bin" --float8-recipe rowwise
+expect_error "--float8-attention needs --float8" "$bin" --float8-attention
 expect_error "need --dim a multiple of 16" "$bin" --float8 --dim 40 --heads 4
 expect_error "--clip-grad-norm must be a finite number >= 0" "$bin" --clip-grad-norm -1
 expect_error "--init-from /nonexistent.safetensors: no such file" "$bin" --init-from /nonexistent.safetensors

@@ -1,7 +1,7 @@
 // MiniLLM's float8 configuration is refused by name where it cannot run, before any weight is
-// made: a rowwise recipe with float8 off (the trainer's refusal, train_minillm --float8-recipe
-// rowwise without --float8, has its shell test; this is the library's own), and a width whose
-// feed-forward GEMMs are not multiples of 16. A valid configuration builds with float8 on.
+// made: a rowwise recipe or float8 attention with float8 off (the trainer's refusals have their
+// shell test; these are the library's own), and a width whose GEMMs are not multiples of 16. A
+// valid configuration (float8 rowwise on the attention too) builds.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -32,7 +32,12 @@ TEST(MiniLLMConfig, Float8IsRefusedByNameWhereItCannotRun) {
   c.heads = 2;
   c.float8_scaling = ops::Float8Scaling::rowwise;
   EXPECT_NE(refusal(c).find("rowwise scaling but float8 is off"), std::string::npos) << refusal(c);
+  c.float8_scaling = ops::Float8Scaling::tensorwise;
+  c.float8_attention = true;
+  EXPECT_NE(refusal(c).find("float8_attention but float8 is off"), std::string::npos)
+      << refusal(c);
   c.float8 = true;
+  c.float8_scaling = ops::Float8Scaling::rowwise;
   EXPECT_EQ(refusal(c), "");
   c.dim = 24;  // 24 x 96: not multiples of 16
   c.heads = 2;
