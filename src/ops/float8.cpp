@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include "fsdp/errors.h"
 #include "ops/float8_cast.h"
 #include "util/check.h"
 
@@ -69,7 +70,11 @@ class Float8Matmul : public torch::autograd::Function<Float8Matmul> {
     }
     if (need_dw) {
       const auto& x_col = saved[0];  // the forward's cast of x, transposed
-      TORCH_INTERNAL_ASSERT(x_col.defined(), "float8_linear: no cast of x kept for dW");
+      if (!x_col.defined()) {
+        throw Error(
+            "float8_linear: the weight's gradient was asked for but the forward kept no cast of "
+            "x (the weight did not require a gradient, or grad mode was off, at the forward)");
+      }
       dw = float8_mm({dy8.col.t(), dy8.scale}, {x_col, ctx->saved_data["x_scale"].toTensor()},
                      dy.scalar_type());
     }

@@ -60,8 +60,9 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
     const auto hidden = hidden_in.contiguous();
     const int64_t n = hidden.size(0), rows = weight.size(0);
     const bool split = o.tp && o.tp->size() > 1;
-    // The kernel keeps nothing but the GEMM's logits (in hidden's dtype) per chunk.
-    const bool in_place = rows > 0 && detail::chunk_kernel_runs_on(hidden);
+    // The kernel keeps nothing but the GEMM's logits (in hidden's dtype) per chunk; a split
+    // vocabulary's first pass (split_vocabulary_stats) is ATen's, with float32 copies.
+    const bool in_place = !split && rows > 0 && detail::chunk_kernel_runs_on(hidden);
     const int64_t chunk = linear_cross_entropy_chunk(n, hidden.size(1), rows, o,
                                                      in_place ? hidden.element_size() : 4);
     const bool want_h = hidden_in.requires_grad(), want_w = weight.requires_grad();

@@ -271,22 +271,25 @@ TEST(Float8Linear, AFrozenWeightGetsNoGradientAndNoBiasIsFine) {
   EXPECT_LT(rel8(c.x.grad(), by_hand(c).dx), 1e-6);
 }
 
-// The backward keeps x's float8 cast (1 byte an element), not x: once the caller drops x (an
-// activation without a gradient of its own here), its storage is freed while the graph lives,
-// and the weight's gradient is still the float8 GEMM's. The same with a frozen weight (then
-// nothing of x is kept). Before, the graph held x itself.
+// The backward keeps x's float8 cast (1 byte an element), not x: x here is an activation (a
+// non-leaf that needs a gradient; its clone's backward keeps nothing), so once the caller drops
+// it, its storage is freed while the graph lives, and the gradients are still the float8
+// GEMMs'. The same with a frozen weight (then nothing of x is kept at all). Before, the graph
+// held x itself.
 TEST(Float8Linear, KeepsXsFloat8CastForTheBackwardNotX) {
   for (bool frozen : {false, true}) {
     auto c = make_linear(at::kBFloat16);
     c.weight.requires_grad_(!frozen);
     const auto want = by_hand(c);
-    auto x = c.x.detach().clone();
+    auto leaf = c.x.detach().clone().requires_grad_();
+    auto x = leaf.clone();
     auto y = ops::float8_linear(x, c.weight, c.bias);
     const auto storage = x.storage().getWeakStorageImpl();
     x = at::Tensor();
     EXPECT_TRUE(storage.expired()) << (frozen ? "frozen" : "trained") << " weight";
     y.backward(c.dy);
     EXPECT_LT(rel8(y, want.y), 1e-2);
+    EXPECT_LT(rel8(leaf.grad(), want.dx), 1e-2);
     if (!frozen) {
       EXPECT_LT(rel8(c.weight.grad(), want.dw), 1e-2);
     }
