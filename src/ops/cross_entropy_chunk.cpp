@@ -123,8 +123,7 @@ void accumulate_weight_grad(at::Tensor& grad_w, const at::Tensor& grad, const at
     return;
   }
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (kernels_run_on(hidden) && grad.scalar_type() == hidden.scalar_type() &&
-      (hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf)) {
+  if (kernels_run_on(hidden)) {  // a kernel dtype that is not float32: bf16 or half
     gemm_accumulate_float32(grad_w, grad, hidden);
     return;
   }

@@ -34,8 +34,7 @@ TEST(MiniLLMConfig, Float8IsRefusedByNameWhereItCannotRun) {
   EXPECT_NE(refusal(c).find("rowwise scaling but float8 is off"), std::string::npos) << refusal(c);
   c.float8_scaling = ops::Float8Scaling::tensorwise;
   c.float8_attention = true;
-  EXPECT_NE(refusal(c).find("float8_attention but float8 is off"), std::string::npos)
-      << refusal(c);
+  EXPECT_NE(refusal(c).find("float8_attention but float8 is off"), std::string::npos) << refusal(c);
   c.float8 = true;
   c.float8_scaling = ops::Float8Scaling::rowwise;
   EXPECT_EQ(refusal(c), "");

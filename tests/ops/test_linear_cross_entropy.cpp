@@ -5,29 +5,22 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <thread>
 #include <vector>
 
-#include "fsdp/comm/local_group.h"
 #include "fsdp/errors.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "fsdp/parallel/tensor_parallel.h"
+#include "ops/linear_cross_entropy_util.h"
 
 namespace fsdp::testing {
 namespace {
 
+using lce::Case;
+using lce::fused;
+using lce::rel;
+using lce::unfused;
 using ops::linear_cross_entropy;
 using ops::LinearCrossEntropyOptions;
-
-// max |a - b| / max |b|
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
-
-struct Case {
-  at::Tensor hidden, weight, targets;
-};
 
 // N tokens, hidden d, vocabulary V (odd sizes), about a fifth of the targets ignored.
 Case make_case(int64_t n, int64_t d, int64_t v, at::ScalarType dtype = at::kFloat) {
@@ -38,27 +31,6 @@ Case make_case(int64_t n, int64_t d, int64_t v, at::ScalarType dtype = at::kFloa
   c.targets = torch::randint(0, v, {n}, torch::kLong);
   c.targets.masked_fill_(torch::rand({n}) < 0.2, -100);
   return c;
-}
-
-struct Result {
-  at::Tensor loss, grad_h, grad_w;
-};
-
-Result unfused(const Case& c) {
-  auto h = c.hidden.detach().clone().requires_grad_();
-  auto w = c.weight.detach().clone().requires_grad_(c.weight.requires_grad());
-  auto logits = torch::nn::functional::linear(h, w).to(at::kFloat);
-  auto loss = torch::nn::functional::cross_entropy(logits, c.targets);
-  loss.backward();
-  return {loss.detach(), h.grad(), w.grad()};
-}
-
-Result fused(const Case& c, LinearCrossEntropyOptions o = {}) {
-  auto h = c.hidden.detach().clone().requires_grad_();
-  auto w = c.weight.detach().clone().requires_grad_(c.weight.requires_grad());
-  auto loss = linear_cross_entropy(h, w, c.targets, o);
-  loss.backward();
-  return {loss.detach(), h.grad(), w.grad()};
 }
 
 // fp32: the same operations, summed in other orders (a one-row chunk's GEMM is a GEMV: 1.1e-6
@@ -165,24 +137,7 @@ TEST(LinearCrossEntropy, VocabularyParallelEqualsTheWholeVocabulary) {
   auto c = make_case(29, 16, vocab);
   auto want = unfused(c);
   for (int world : {2, 3}) {
-    auto groups = make_local_groups(world);
-    std::vector<Result> got(world);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) {
-      ranks.emplace_back([&, r] {
-        const auto mine = tp::chunk_of(vocab, world, r);
-        Case local{c.hidden, c.weight.detach().narrow(0, mine.offset, mine.length).clone(),
-                   c.targets};
-        local.weight.requires_grad_();
-        LinearCrossEntropyOptions o;
-        o.tp = groups[r];
-        o.vocab_offset = mine.offset;
-        o.vocab = vocab;
-        o.chunk_tokens = 4;
-        got[r] = fused(local, o);
-      });
-    }
-    for (auto& t : ranks) t.join();
+    const auto got = lce::vocabulary_parallel(c, vocab, world, /*chunk_tokens=*/4);
     auto grad_h = torch::zeros_like(want.grad_h);
     for (int r = 0; r < world; ++r) {
       const auto mine = tp::chunk_of(vocab, world, r);

@@ -12,31 +12,24 @@
 
 #include <cmath>
 #include <limits>
-#include <thread>
 #include <vector>
 
-#include "fsdp/comm/local_group.h"
 #include "fsdp/ops/fused.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "fsdp/parallel/tensor_parallel.h"
 #include "ops/cross_entropy_chunk.h"
+#include "ops/linear_cross_entropy_util.h"
 #include "support/gpu.h"
 
 namespace fsdp::testing::lce_cuda_test {
 namespace {
 
+using lce::Case;
+using lce::fused;
+using lce::rel;
+using lce::unfused;
 using ops::linear_cross_entropy;
 using ops::LinearCrossEntropyOptions;
-
-// max |a - b| / max |b|
-double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble).cpu() - b.to(at::kDouble).cpu()).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
-
-struct Case {
-  at::Tensor hidden, weight, targets;
-};
 
 // On the GPU, in `dtype`; about a fifth of the targets ignored.
 Case make_case(int64_t n, int64_t d, int64_t v, at::ScalarType dtype) {
@@ -44,29 +37,8 @@ Case make_case(int64_t n, int64_t d, int64_t v, at::ScalarType dtype) {
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
   auto targets = torch::randint(0, v, {n}, torch::kLong);
   targets.masked_fill_(torch::rand({n}) < 0.2, -100);
-  return {(torch::randn({n, d}) * 2).to(opts), (torch::randn({v, d}) * 0.3).to(opts),
-          targets.to(at::kCUDA)};
-}
-
-struct Result {
-  at::Tensor loss, grad_h, grad_w;
-};
-
-Result unfused(const Case& c) {
-  auto h = c.hidden.detach().clone().requires_grad_();
-  auto w = c.weight.detach().clone().requires_grad_();
-  auto loss = torch::nn::functional::cross_entropy(
-      torch::nn::functional::linear(h, w).to(at::kFloat), c.targets);
-  loss.backward();
-  return {loss.detach(), h.grad(), w.grad()};
-}
-
-Result fused(const Case& c, LinearCrossEntropyOptions o = {}, bool weight_grad = true) {
-  auto h = c.hidden.detach().clone().requires_grad_();
-  auto w = c.weight.detach().clone().requires_grad_(weight_grad);
-  auto loss = linear_cross_entropy(h, w, c.targets, o);
-  loss.backward();
-  return {loss.detach(), h.grad(), w.grad()};
+  return {(torch::randn({n, d}) * 2).to(opts),
+          (torch::randn({v, d}) * 0.3).to(opts).requires_grad_(), targets.to(at::kCUDA)};
 }
 
 // fp32: the same sums in other orders (5e-6, as the CPU test). bf16 and half: cuBLAS may round
@@ -206,7 +178,8 @@ TEST(LinearCrossEntropyCuda, AFrozenWeightAndNoCountedTarget) {
   FSDP_SKIP_WITHOUT_GPU();
   auto c = make_case(20, 32, 4096, at::kBFloat16);
   const auto want = unfused(c);
-  const auto frozen = fused(c, {}, /*weight_grad=*/false);
+  c.weight.requires_grad_(false);
+  const auto frozen = fused(c);
   EXPECT_FALSE(frozen.grad_w.defined());
   EXPECT_LT(rel(frozen.loss, want.loss), 2e-4);
   EXPECT_LT(rel(frozen.grad_h, want.grad_h), 1e-2);
@@ -224,22 +197,7 @@ TEST(LinearCrossEntropyCuda, VocabularyParallelEqualsTheWholeVocabulary) {
     auto c = make_case(29, 16, vocab, dtype);
     const auto want = unfused(c);
     const int world = 2;
-    auto groups = make_local_groups(world);  // CPU groups: the loss moves its [3, N] stats
-    std::vector<Result> got(world);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < world; ++r) {
-      ranks.emplace_back([&, r] {
-        const auto mine = tp::chunk_of(vocab, world, r);
-        Case local{c.hidden, c.weight.narrow(0, mine.offset, mine.length).clone(), c.targets};
-        LinearCrossEntropyOptions o;
-        o.tp = groups[r];
-        o.vocab_offset = mine.offset;
-        o.vocab = vocab;
-        o.chunk_tokens = 4;
-        got[r] = fused(local, o);
-      });
-    }
-    for (auto& t : ranks) t.join();
+    const auto got = lce::vocabulary_parallel(c, vocab, world, /*chunk_tokens=*/4);
     auto grad_h = torch::zeros_like(want.grad_h, at::kFloat);
     for (int r = 0; r < world; ++r) {
       const auto mine = tp::chunk_of(vocab, world, r);
