@@ -353,6 +353,9 @@ def main():
     # earlier one wrote (roofline reads profile's trace, tensor-parallel the walkthrough's model),
     # as a reader following the pages would.
     work = scratch_dir(args.build)
+    # torchrun's --log-dir (its PET_ variable) in the scratch: by default it leaves a
+    # torchelastic_* folder in /tmp at every run.
+    env["PET_LOG_DIR"] = os.path.join(work, ".torchrun_logs")
     server = start_pyfork(work, env, os.path.abspath(args.python))
     try:
         for name in names:

@@ -83,7 +83,9 @@ run README:87 0 'scripts/launch.sh --nproc 2 build/bin/train_minillm'
 expect_line README:87 '^done: loss'
 if [ -x "$torchrun" ]; then
   ln -s "$torchrun" "$tmp/path/torchrun"
-  run README:88 0 'torchrun --no-python --nproc-per-node 2 build/bin/train_minillm'
+  # (its --log-dir, from the environment, in ours: by default torchrun leaves a torchelastic_*
+  # folder in /tmp)
+  PET_LOG_DIR="$tmp/torchrun_logs" run README:88 0 'torchrun --no-python --nproc-per-node 2 build/bin/train_minillm'
   expect_line README:88 '^done: loss'
 else
   echo "skipped README:88: no $torchrun"

@@ -9,17 +9,29 @@
 #include <fstream>
 
 #include "fsdp/errors.h"
+#include "fsdp/io/files.h"
 #include "fsdp/io/safetensors.h"
 #include "support/expect_error.h"
 
 namespace fsdp {
 namespace {
 
-std::string temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("fsdp_st_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return (dir / name).string();
+std::string scratch_dir() {
+  return std::filesystem::temp_directory_path().string() + "/fsdp_st_" +
+         std::to_string(::getpid());
 }
+
+std::string temp_path(const std::string& name) {
+  io::make_directories(scratch_dir());
+  return scratch_dir() + "/" + name;
+}
+
+// Removes the files the tests wrote, once they all ran.
+class RemoveScratchDir : public ::testing::Environment {
+ public:
+  void TearDown() override { io::remove_tree(scratch_dir()); }
+};
+const auto* const remove_scratch_dir = ::testing::AddGlobalTestEnvironment(new RemoveScratchDir);
 
 // The call throws Exception, and its message contains every needle.
 template <typename Exception, typename Fn>

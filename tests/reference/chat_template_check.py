@@ -14,7 +14,8 @@ failed, with the reason; a template that agrees is never allowed to stop agreein
   python chat_template_check.py --cpp build/bin/chat_render --sdist llama_cpp_python-0.3.36.tar.gz
 Exits 0 when every template outside KNOWN_DIFFERENT agrees, 1 otherwise.
 """
-import argparse, json, os, subprocess, sys, tarfile, tempfile
+import argparse, json, os, subprocess, sys, tarfile
+from scratch import scratch_dir
 
 CONVERSATIONS = [
     {"messages": [{"role": "system", "content": "You are a terse assistant."},
@@ -132,7 +133,7 @@ def main():
     if missing:
         print(f"FAIL: {a.sdist} lacks the templates {missing}")
         return 1
-    work = tempfile.mkdtemp(prefix="chat_template_check_")
+    work = scratch_dir("chat_template_check_")
     tokenizer_json = os.path.join(work, "tokenizer.json")
     train_tokenizer(tokenizer_json)
     forms = ["jinja", "string", "named", "map"]

@@ -21,7 +21,8 @@ post-processor the model's has: Llama 3's adds <|begin_of_text|>), tokenizer_con
 special tokens, and for Llama 3 the chat template of Llama 3.1 Instruct from llama.cpp's
 models/templates). tests/examples/published_tokenizer_export.sh trains and exports with it.
 """
-import argparse, json, os, struct, subprocess, sys, tarfile, tempfile, time
+import argparse, json, os, struct, subprocess, sys, tarfile, time
+from scratch import scratch_dir
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
           r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -142,7 +143,7 @@ def write_dir(sdist, name, out):
     """The tokenizer files of a model directory for the published vocabulary `name`."""
     from tokenizers import processors
     form = FORMS[name]
-    work = tempfile.mkdtemp(prefix="published_tokenizer_dir_")
+    work = scratch_dir("published_tokenizer_dir_")
     extract(sdist, [name], work, [form["template"]] if "template" in form else [])
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "tokenizer.json")
@@ -179,7 +180,7 @@ def main():
         return write_dir(a.sdist, *a.write_dir)
     if not a.cpp:
         p.error("--cpp is needed to check")
-    work = tempfile.mkdtemp(prefix="published_tokenizers_")
+    work = scratch_dir("published_tokenizers_")
     extract(a.sdist, FORMS, work)
     failed = []
     for name, form in FORMS.items():

@@ -11,6 +11,7 @@ NFKC normalizer, add_prefix_space, no decoder, lstrip) must be refused by name.
 Exits 0 when every id agrees, 1 otherwise.
 """
 import argparse, json, os, subprocess, sys, tempfile
+from scratch import scratch_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -42,7 +43,7 @@ TEXTS = [
 
 def corpus():
     files = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0"]
-    extra = os.path.join(tempfile.gettempdir(), f"tokenizer_check_extra_{os.getpid()}.txt")
+    extra = os.path.join(scratch_dir("tokenizer_check_"), "extra.txt")
     with open(extra, "w") as f:
         f.write("\n".join(TEXTS) * 20)
     return [p for p in files if os.path.isfile(p)] + [extra]
