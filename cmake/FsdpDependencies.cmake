@@ -3,8 +3,15 @@
 include(FsdpFindTorch)
 
 # fmt: libtorch ships fmt's headers (12.1 in torch 2.11) in its include directory, ahead of
-# the system's, and its own c10d headers include them; so fmt is used header-only from there
-# (FMT_HEADER_ONLY, set on the fsdp target) and no other fmt is linked, which would mix versions.
+# the system's, and its own c10d headers include them; so fmt comes from there, and no other fmt
+# is linked, which would mix versions. libtorch has no fmt library to link, and header-only use
+# compiled fmt's implementation into every source that formats (about 3 s each): fsdp_fmt
+# compiles it once (cmake/fmt_compiled.cpp), and the library and every program link it, each its
+# own hidden copy (nothing of fmt is exported from libfsdp).
+add_library(fsdp_fmt STATIC ${PROJECT_SOURCE_DIR}/cmake/fmt_compiled.cpp)
+target_link_libraries(fsdp_fmt PRIVATE torch)  # for its include directory
+set_target_properties(fsdp_fmt PROPERTIES POSITION_INDEPENDENT_CODE ON
+                                          CXX_VISIBILITY_PRESET hidden)
 
 # FSDP_DEPS_DIR: machines without Debian's packages (the GPU machine) use header-only CLI11 and
 # nlohmann-json and GoogleTest's sources copied by scripts/gpu_bundle_deps.sh.

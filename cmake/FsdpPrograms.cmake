@@ -31,8 +31,9 @@ function(fsdp_setup_program_pch)
 endfunction()
 
 function(fsdp_program_flags target)
-  # fmt comes header-only from libtorch's include directory (FsdpDependencies.cmake).
-  target_compile_definitions(${target} PRIVATE FMT_HEADER_ONLY)
+  # fmt's headers from libtorch's include directory, its compiled part from fsdp_fmt
+  # (FsdpDependencies.cmake).
+  target_link_libraries(${target} PRIVATE fsdp_fmt)
   target_compile_options(${target} PRIVATE -Wall -Wextra
                                            $<$<BOOL:${FSDP_WARNINGS_AS_ERRORS}>:-Werror>)
 endfunction()
