@@ -15,7 +15,9 @@
 //   kernels_bench [--device cuda] [--tokens 8192 --hidden 2048 --heads 32 --intermediate 8192]
 //                 [--vocab 128256] [--iters 20 --repeats 5] [--json FILE]
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

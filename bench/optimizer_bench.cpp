@@ -3,7 +3,8 @@
 // bench/reference/optimizer_step.py measures PyTorch's torch.optim.AdamW on the same model.
 //   optimizer_bench [--dim 256 --layers 4 --vocab 32000 --rounds 5 --steps 10 --threads 1]
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

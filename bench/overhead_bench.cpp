@@ -2,7 +2,9 @@
 // fully_shard, in one process, alternating rounds so machine noise hits both alike.
 //   build/bin/overhead_bench [--rounds 5 --steps 6 --threads 1 --dtype fp32]
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

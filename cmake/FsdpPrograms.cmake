@@ -34,6 +34,9 @@ function(fsdp_program_flags target)
   # fmt's headers from libtorch's include directory, its compiled part from fsdp_fmt
   # (FsdpDependencies.cmake).
   target_link_libraries(${target} PRIVATE fsdp_fmt)
+  # The models' headers leave out libtorch's umbrella header (fsdp/models/torch_modules.h): this
+  # project's sources include what they use.
+  target_compile_definitions(${target} PRIVATE FSDP_LEAN_HEADERS)
   target_compile_options(${target} PRIVATE -Wall -Wextra
                                            $<$<BOOL:${FSDP_WARNINGS_AS_ERRORS}>:-Werror>)
 endfunction()

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "choice_flag.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
 #include "text_prompt.h"

@@ -6,7 +6,8 @@
 // deprecated. See README.md beside this file.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base_model.h"
 #include "fsdp/fsdp.h"

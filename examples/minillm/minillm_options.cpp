@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <map>
 
+#include "choice_flag.h"
+
 namespace minillm {
 namespace {
 

@@ -1,7 +1,8 @@
 // train_minillm: the MiniLLM example trainer. Every block is a fully_shard unit, then the root;
 // the training loop is the trainers' own (examples/trainer). See README.md beside this file.
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <filesystem>
 

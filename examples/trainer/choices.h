@@ -1,9 +1,8 @@
 // The trainers' choice flags as enums: each flag's words map to a value once, at parsing
-// (add_choice: any other word is refused, naming the accepted ones), and name() gives the word
-// back for reports and messages.
+// (add_choice in choice_flag.h: any other word is refused, naming the accepted ones), and
+// name() gives the word back for reports and messages.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <map>
 #include <string>
 #include <utility>
@@ -76,25 +75,6 @@ std::string name(E value) {
     if (v == value) return word;
   }
   return "?";
-}
-
-// Adds a choice flag to `app`: its words (only those: CLI11's IsMember names them on a wrong
-// one) set `value`, whose word is the default shown.
-template <class E>
-CLI::Option* add_choice(CLI::App& app, const std::string& flag, E& value, const std::string& help) {
-  std::vector<std::string> words;
-  for (const auto& [word, v] : choice_words<E>()) words.push_back(word);
-  return app
-      .add_option_function<std::string>(
-          flag,
-          [&value](const std::string& word) {
-            for (const auto& [w, v] : choice_words<E>()) {
-              if (w == word) value = v;
-            }
-          },
-          help)
-      ->check(CLI::IsMember(words))
-      ->default_str(name(value));
 }
 
 }  // namespace trainer

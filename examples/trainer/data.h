@@ -3,7 +3,8 @@
 // windows split over the ranks.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

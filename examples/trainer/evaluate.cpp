@@ -1,5 +1,7 @@
 #include "evaluate.h"
 
+#include <torch/nn/functional/loss.h>
+
 #include <algorithm>
 
 namespace trainer {

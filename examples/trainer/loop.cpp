@@ -1,6 +1,7 @@
 #include "loop.h"
 
 #include <fmt/format.h>
+#include <torch/nn/functional/loss.h>
 
 #include <chrono>
 #include <cmath>

@@ -4,7 +4,8 @@
 // copies back at the next gather, but the device holds the whole model meanwhile).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "fsdp/runtime/sharded_tensor.h"
 

@@ -3,7 +3,8 @@
 // first), and the learning rate schedule.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <memory>
 

@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

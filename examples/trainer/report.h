@@ -3,7 +3,8 @@
 // ranks, the peak memory over ranks) happens here, after the step's clock stopped.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <fstream>

@@ -15,9 +15,12 @@
 // recipes/ holds real ones; tests/examples/recipes.sh parses and validates each.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+
+namespace CLI {  // <CLI/CLI.hpp>, included by the sources that add or parse flags
+class App;
+}  // namespace CLI
 
 namespace trainer {
 

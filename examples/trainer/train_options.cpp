@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <sstream>
+
+#include "choice_flag.h"
 
 namespace trainer {
 

@@ -3,13 +3,16 @@
 // checks them after parsing.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "choices.h"
 #include "sections.h"
+
+namespace CLI {  // <CLI/CLI.hpp>, included by the sources that add or parse flags
+class App;
+}  // namespace CLI
 
 namespace trainer {
 

@@ -1,7 +1,8 @@
 #include "fsdp/io/safetensors.h"
 
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstring>
 #include <fstream>

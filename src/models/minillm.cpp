@@ -1,5 +1,10 @@
 #include "fsdp/models/minillm.h"
 
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "fsdp/ops/linear_cross_entropy.h"

@@ -2,7 +2,8 @@
 
 #include <ATen/ops/_fused_adamw.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <tuple>

@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint/export.h"
 #include "fsdp/io/safetensors.h"
 #include "support/expect_error.h"
+#include "support/torch_api.h"
 #include "support/train_harness.h"
 
 namespace fsdp::testing {

@@ -3,7 +3,6 @@
 // collective and which ranks issued what; ranks that agree see no change (results, counts); and
 // an FSDP model whose forward skips a unit on one rank is caught at its first differing gather.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include <set>
 
 #include "fsdp/fsdp.h"
+#include "support/torch_api.h"
 
 namespace fsdp {
 namespace {

@@ -3,7 +3,6 @@
 // write and we read what it writes: tests/reference/fsdp2_parity.py (its weights) and
 // tests/io/safetensors_interop.py.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,13 +11,13 @@
 #include "fsdp/io/files.h"
 #include "fsdp/io/safetensors.h"
 #include "support/expect_error.h"
+#include "support/torch_api.h"
 
 namespace fsdp {
 namespace {
 
 std::string scratch_dir() {
-  return std::filesystem::temp_directory_path().string() + "/fsdp_st_" +
-         std::to_string(::getpid());
+  return std::filesystem::temp_directory_path().string() + "/fsdp_st_" + std::to_string(::getpid());
 }
 
 std::string temp_path(const std::string& name) {

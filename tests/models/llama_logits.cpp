@@ -6,8 +6,6 @@
 //   llama_logits (--hf-dir DIR | --config config.json [--seed S]) --tokens FILE --seq N
 //                --count K --out OUT.safetensors [--tokens-dtype uint16|uint32] [--world W]
 //                [--batch B] [--export DIR [--export-dtype fp32|bf16] [--max-shard-bytes N]]
-#include <torch/torch.h>
-
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -17,6 +15,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
+#include "support/torch_api.h"
 
 namespace llama = fsdp::models::llama;
 

@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <torch/torch.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_config.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 

@@ -11,6 +11,7 @@
 #include "fsdp/tools/planner.h"
 #include "models/llama_test_util.h"
 #include "support/expect_error.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 namespace {

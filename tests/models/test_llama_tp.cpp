@@ -14,6 +14,7 @@
 #include "fsdp/models/llama.h"
 #include "models/llama_test_util.h"
 #include "support/expect_error.h"
+#include "support/torch_api.h"
 #include "support/train_harness.h"
 
 namespace fsdp::testing {

@@ -3,12 +3,12 @@
 // shell test; these are the library's own), and a width whose GEMMs are not multiples of 16. A
 // valid configuration (float8 rowwise on the attention too) builds.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <string>
 
 #include "fsdp/errors.h"
 #include "fsdp/models/minillm.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 namespace {

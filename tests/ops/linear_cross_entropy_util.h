@@ -5,8 +5,6 @@
 // the weight gets a gradient when the case's weight requires one.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -14,6 +12,7 @@
 #include "fsdp/comm/local_group.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "fsdp/parallel/tensor_parallel.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing::lce {
 

@@ -4,11 +4,11 @@
 // hand from casts (e4m3 forward, e5m2 gradient), bf16, a frozen weight, and bad input. The
 // comparison with torchao's Float8Linear itself is llama_parity_float8 (tests/reference).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "ops/float8_cast.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 namespace {

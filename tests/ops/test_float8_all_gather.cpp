@@ -5,7 +5,6 @@
 // float8_linear given the gathered scale and weight computes what it computes on the whole
 // weight, bit for bit (fp32 and bf16), and ignores a scale that is not the weight's; bad masks.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <mutex>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "fsdp/ops/float8_all_gather.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing::float8_all_gather_test {
 namespace {

@@ -2,10 +2,10 @@
 // Llama parity tests hold to transformers' logits and losses), and bad shapes refused. The
 // kernels themselves are test_cuda's FusedCuda tests.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "fsdp/errors.h"
 #include "fsdp/ops/fused.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing::fused_test {
 namespace {

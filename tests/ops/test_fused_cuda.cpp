@@ -8,7 +8,6 @@
 // Skips without a GPU, fails under FSDP_REQUIRE_GPU=1, where the kernels must also be built.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
@@ -20,6 +19,7 @@
 #include "fsdp/ops/fused.h"
 #include "ops/float8_cast.h"
 #include "support/gpu.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing::fused_cuda_test {
 namespace {

@@ -3,7 +3,6 @@
 // chunk sizes from 1 token to more than all, ignored targets, none counted, a frozen weight,
 // bf16, and the vocabulary-parallel form on thread ranks against the whole vocabulary.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "fsdp/parallel/tensor_parallel.h"
 #include "ops/linear_cross_entropy_util.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 namespace {

@@ -8,7 +8,6 @@
 // FSDP_REQUIRE_GPU=1, where the kernel must also be what ran.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
@@ -20,6 +19,7 @@
 #include "ops/cross_entropy_chunk.h"
 #include "ops/linear_cross_entropy_util.h"
 #include "support/gpu.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing::lce_cuda_test {
 namespace {

@@ -2,11 +2,11 @@
 // rounding, the same state layout, and the same behaviour for options and missing gradients.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include "fsdp/errors.h"
 #include "fsdp/models/minillm.h"
 #include "fsdp/optim/fused_adamw.h"
+#include "support/torch_api.h"
 
 namespace {
 

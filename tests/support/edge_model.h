@@ -7,8 +7,6 @@
 // forward, hook a throwing backward on its output, or watch the inputs a block receives.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <memory>
 #include <optional>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "fsdp/fsdp.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 

@@ -3,8 +3,6 @@
 // rank training on its slice of every global batch.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <optional>
 #include <string>
@@ -13,6 +11,7 @@
 
 #include "fsdp/fsdp.h"
 #include "fsdp/models/minillm.h"
+#include "support/torch_api.h"
 
 namespace fsdp::testing {
 

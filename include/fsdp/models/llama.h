@@ -35,8 +35,6 @@
 // fsdp::models), like MiniLLM.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <map>
 #include <optional>
@@ -47,6 +45,7 @@
 #include "fsdp/models/float8_options.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/lora_options.h"
+#include "fsdp/models/torch_modules.h"
 #include "fsdp/parallel/tensor_parallel.h"
 #include "fsdp/runtime/fully_shard.h"
 

@@ -11,14 +11,13 @@
 // broadcast so that they cannot differ.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <cstdint>
 #include <optional>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/models/torch_modules.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp::models::llama {

@@ -12,11 +12,10 @@
 // is applied, so the same class is the single-process reference and the sharded model.
 #pragma once
 
-#include <torch/torch.h>
-
 #include <functional>
 #include <vector>
 
+#include "fsdp/models/torch_modules.h"
 #include "fsdp/ops/float8_scaling.h"
 #include "fsdp/runtime/fully_shard.h"
 

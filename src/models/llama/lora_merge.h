@@ -2,7 +2,8 @@
 // adapted weight merged (PEFT's merge_and_unload: W + (B @ A) * alpha / rank).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <functional>
 #include <map>

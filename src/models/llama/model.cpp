@@ -2,6 +2,8 @@
 // op, in the same order and with the same kernels, so that logits agree to rounding (measured
 // by tests/reference/llama_logits_check.py).
 #include <fmt/ranges.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/modulelist.h>
 
 #include <algorithm>
 #include <cmath>

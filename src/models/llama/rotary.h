@@ -2,7 +2,8 @@
 // by the model (model.cpp) and llama.h's rotary_cos_sin.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <utility>
