@@ -7,9 +7,14 @@ include(FsdpFindTorch)
 # is linked, which would mix versions. libtorch has no fmt library to link, and header-only use
 # compiled fmt's implementation into every source that formats (about 3 s each): fsdp_fmt
 # compiles it once (cmake/fmt_compiled.cpp), and the library and every program link it, each its
-# own hidden copy (nothing of fmt is exported from libfsdp).
+# own hidden copy (libfsdp exports none of fmt's compiled functions).
 add_library(fsdp_fmt STATIC ${PROJECT_SOURCE_DIR}/cmake/fmt_compiled.cpp)
-target_link_libraries(fsdp_fmt PRIVATE torch)  # for its include directory
+# torch's include directories and compile flags (its C++ ABI setting), not its libraries: a
+# static library's link dependencies reach every program linking it, and test_nccl_comm_fake
+# must link neither libtorch_cuda nor NCCL.
+foreach(_p INCLUDE_DIRECTORIES COMPILE_DEFINITIONS COMPILE_OPTIONS)
+  set_property(TARGET fsdp_fmt APPEND PROPERTY ${_p} $<TARGET_PROPERTY:torch,INTERFACE_${_p}>)
+endforeach()
 set_target_properties(fsdp_fmt PROPERTIES POSITION_INDEPENDENT_CODE ON
                                           CXX_VISIBILITY_PRESET hidden)
 

@@ -1,4 +1,4 @@
-// fmt's compiled functions, once per library and program (cmake/FsdpFmt.cmake: fsdp_fmt).
+// fmt's compiled functions, once per library and program (fsdp_fmt, cmake/FsdpDependencies.cmake).
 //
 // libtorch ships fmt's headers (12.1 in torch 2.11) but no fmt library. Used header-only, fmt
 // put its whole implementation (format-inl.h: the float formatting, vformat) into every source

@@ -2,9 +2,6 @@
 // a run at any world size sees the same sequences; rank r of N takes the r-th slice.
 #pragma once
 
-#include <torch/types.h>
-#include <torch/utils.h>
-
 #include <memory>
 #include <string>
 #include <vector>

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <torch/types.h>
-#include <torch/utils.h>
 
 #include <cstdint>
 #include <string>

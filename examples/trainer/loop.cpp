@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/utils.h>
 
 #include <chrono>
 #include <cmath>

@@ -4,7 +4,7 @@
 // copies back at the next gather, but the device holds the whole model meanwhile).
 #pragma once
 
-#include <torch/types.h>
+#include <torch/nn/module.h>
 #include <torch/utils.h>
 
 #include "fsdp/runtime/sharded_tensor.h"

@@ -3,8 +3,8 @@
 // first), and the learning rate schedule.
 #pragma once
 
-#include <torch/types.h>
-#include <torch/utils.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <memory>
 

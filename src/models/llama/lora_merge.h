@@ -2,8 +2,7 @@
 // adapted weight merged (PEFT's merge_and_unload: W + (B @ A) * alpha / rank).
 #pragma once
 
-#include <torch/types.h>
-#include <torch/utils.h>
+#include <torch/nn/module.h>
 
 #include <functional>
 #include <map>

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <torch/types.h>
-#include <torch/utils.h>
 
 #include <cstdint>
 #include <utility>
