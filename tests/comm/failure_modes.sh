@@ -22,12 +22,21 @@ fail=0
 
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 
-# run LABEL COMMAND...: runs it under a hard cap; sets rc, secs, log.
+# run LABEL COMMAND...: runs it under a hard cap; sets rc, secs, log. A job still running at the
+# limit has its processes listed into the log before the cap kills it (state, kernel wait
+# channel, age), so that a hang says which process hung: once, on a 2-core machine at ctest -j 3,
+# `mpirun np4 throw` outlived the three MPI_Abort calls that should have ended it.
 run() {
   local label="$1"; shift
   local t0=$EPOCHREALTIME
-  timeout -k 5 $((limit + 30)) "$@" > "$tmp/log" 2>&1
+  : > "$tmp/log"
+  ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    sleep "$limit" & nap=$!
+    wait "$nap" && { echo "--- still running after ${limit} s:"
+                     ps -eo pid,ppid,stat,wchan:24,etime,args | grep -E "failing_rank|orted|mpirun|launch.sh" | grep -v grep; } >> "$tmp/log" ) > /dev/null 2>&1 & local lister=$!
+  timeout -k 5 $((limit + 30)) "$@" >> "$tmp/log" 2>&1
   rc=$?
+  kill "$lister" 2>/dev/null; wait "$lister" 2>/dev/null
   secs=$(elapsed "$t0")
   log="$tmp/log"
 }
