@@ -5,15 +5,35 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <limits>
+#include <tuple>
+
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
+#include "fsdp/ops/fused.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 
 namespace fsdp::models::minillm {
 
+namespace {
+
+// torch::rms_norm's eps when none is given: the machine epsilon of the type it computes in
+// (float for float, bf16 and half inputs; measured on 2.11: not bf16's own epsilon, whatever
+// nn.RMSNorm's documentation says), so that the kernel's norm is the module's.
+double default_eps(const torch::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
+                                        : std::numeric_limits<float>::epsilon();
+}
+
+}  // namespace
+
 RMSNormImpl::RMSNormImpl(int64_t dim) { weight = register_parameter("weight", torch::ones({dim})); }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // On a GPU with fsdp's kernels, one kernel each way that keeps a float per row for the
+  // backward; elsewhere PyTorch's own (its CPU bf16 path rounds differently from the kernel's
+  // ATen twin, and the CPU is where MiniLLM equals the FSDP2 reference to the last digit).
+  if (ops::rms_norm_uses_kernel(x, weight)) return ops::rms_norm(x, weight, default_eps(x));
   return torch::rms_norm(x, {weight.size(0)}, weight, /*eps=*/std::nullopt);
 }
 
@@ -80,10 +100,18 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool floa
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + attn(norm1(x));
-  if (!float8_) return y + ffn->forward(norm2(y));
+  const auto a = attn(norm1(x));
+  // y = x + a and norm2(y): one kernel reading x and a once where the norm's kernel runs.
+  torch::Tensor y, n;
+  if (ops::rms_norm_uses_kernel(x, norm2->weight) && a.scalar_type() == x.scalar_type()) {
+    std::tie(y, n) = ops::add_rms_norm(x, a, norm2->weight, default_eps(x));
+  } else {
+    y = x + a;
+    n = norm2(y);
+  }
+  if (!float8_) return y + ffn->forward(n);
   // ffn's own order (fc1, SiLU, fc2) with the two GEMMs in float8.
-  const auto h = torch::silu(ops::float8_linear(norm2(y), fc1->weight, {}, {}, float8_scaling_));
+  const auto h = torch::silu(ops::float8_linear(n, fc1->weight, {}, {}, float8_scaling_));
   return y + ops::float8_linear(h, fc2->weight, {}, {}, float8_scaling_);
 }
 

@@ -210,15 +210,23 @@ bool cuda_kernels_built() {
 #endif
 }
 
+bool rms_norm_uses_kernel(const at::Tensor& x, const at::Tensor& weight) {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  return kernels_run_on(x) && weight.device() == x.device() &&
+         weight.scalar_type() == x.scalar_type() && x.numel() > 0;
+#else
+  (void)x;
+  (void)weight;
+  return false;
+#endif
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   FSDP_CHECK_ARG(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
                  "rms_norm: expected x [..., d] and weight [d], got {} and {}", x.sizes(),
                  weight.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (kernels_run_on(x) && weight.device() == x.device() &&
-      weight.scalar_type() == x.scalar_type() && x.numel() > 0) {
-    return RmsNormFunction::apply(x, weight, eps);
-  }
+  if (rms_norm_uses_kernel(x, weight)) return RmsNormFunction::apply(x, weight, eps);
 #endif
   return rms_norm_twin(x, weight, eps);
 }
@@ -232,8 +240,7 @@ std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Te
                  x.sizes(), c10::toString(x.scalar_type()), y.sizes(),
                  c10::toString(y.scalar_type()), weight.sizes());
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  if (kernels_run_on(x) && y.device() == x.device() && weight.device() == x.device() &&
-      weight.scalar_type() == x.scalar_type() && x.numel() > 0) {
+  if (rms_norm_uses_kernel(x, weight) && y.device() == x.device()) {
     auto hn = AddRmsNormFunction::apply(x, y, weight, eps);
     return {hn[0], hn[1]};
   }

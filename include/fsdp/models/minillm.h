@@ -6,7 +6,10 @@
 // (nn.RMSNorm), attention computed as PyTorch 2.11's nn.MultiheadAttention does in training
 // with need_weights=False (packed in-projection, scaled_dot_product_attention, out-projection),
 // and named_parameters() equal to PyTorch's (layers.0.attn.in_proj_weight, layers.0.ffn.0.weight,
-// ...), so weights move between the two programs as they are.
+// ...), so weights move between the two programs as they are. One exception, on a GPU where
+// fsdp's CUDA kernels run (fsdp/ops/fused.h; FSDP_CUDA_KERNELS=0 turns them off): the norms
+// are fsdp's kernels, the second one fused with the residual add before it (the same formula
+// and eps; the numbers differ from PyTorch's kernel by rounding).
 //
 // The blocks are held as fsdp::Unit<TransformerBlock>: a plain pass-through until fully_shard
 // is applied, so the same class is the single-process reference and the sharded model.
@@ -48,7 +51,8 @@ struct Config {
 };
 
 // nn.RMSNorm(dim): x * rsqrt(mean(x^2) + eps) * weight through torch::rms_norm, whose eps
-// defaults to the input dtype's machine epsilon, as PyTorch's module does.
+// defaults to the machine epsilon of the type it computes in (float for bf16 and half), as
+// PyTorch's module does; through ops::rms_norm's kernel with that eps where it runs.
 class RMSNormImpl : public torch::nn::Module {
  public:
   explicit RMSNormImpl(int64_t dim);

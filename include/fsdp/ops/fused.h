@@ -29,6 +29,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
                                                const at::Tensor& weight, double eps);
 
+// Whether rms_norm and add_rms_norm run the kernel on these tensors (x on a GPU the kernels
+// run on, in a kernel dtype, weight of x's device and dtype, x not empty; FSDP_CUDA_KERNELS not
+// 0), rather than the twin. A model whose own norm is another formula (MiniLLM's
+// torch::rms_norm) asks it to take the kernel where it runs and keep its own elsewhere.
+bool rms_norm_uses_kernel(const at::Tensor& x, const at::Tensor& weight);
+
 // SwiGLU's product: cast(silu(gate)) * up, gate and up of one shape and dtype. The kernel keeps
 // gate and up for the backward (the twin also keeps silu(gate)).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);

@@ -1,0 +1,95 @@
+// MiniLLM on a GPU with fsdp's CUDA kernels: its norms take the kernels (the first one alone,
+// the second fused with the residual add before it) and the model keeps its numbers. The
+// reference is the same weights in float64 on the same GPU, a dtype the kernels do not take, so
+// it runs PyTorch's torch::rms_norm with its default eps: a wrong eps, a lost residual or a norm
+// with the wrong weight shows up in float32 far above the bound.
+// Skips without a GPU or without the kernels; fails under FSDP_REQUIRE_GPU=1, where the kernels
+// must also be what ran.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fsdp/models/minillm.h"
+#include "fsdp/ops/fused.h"
+#include "support/gpu.h"
+#include "support/torch_api.h"
+
+namespace fsdp::testing::minillm_cuda_test {
+namespace {
+
+namespace mm = fsdp::models::minillm;
+
+// max |a - b| / max |b|
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
+         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
+}
+
+mm::Config small_config() {
+  mm::Config c;
+  c.vocab = 300;
+  c.dim = 192;  // not a multiple of the kernels' block
+  c.layers = 2;
+  c.heads = 4;
+  return c;
+}
+
+TEST(MiniLLMCuda, NormsTakeTheKernelsAndKeepTheModelsNumbers) {
+  FSDP_SKIP_WITHOUT_GPU();
+  if (!ops::cuda_kernels_built()) {
+    if (gpu_required()) FAIL() << "FSDP_REQUIRE_GPU=1 but this build has no CUDA kernels";
+    GTEST_SKIP() << "built without the CUDA kernels";
+  }
+  const auto c = small_config();
+  // float32 to the float64 model's rounding; bf16 within what its roundings of the activations
+  // (2^-8 each) add up to over two blocks, relative to the largest value of each tensor.
+  for (auto [dtype, tol] : {std::pair{at::kFloat, 1e-4}, std::pair{at::kBFloat16, 6e-2}}) {
+    torch::manual_seed(3);
+    mm::MiniLLM model(c), reference(c);
+    {
+      torch::NoGradGuard no_grad;
+      auto from = model->named_parameters(), to = reference->named_parameters();
+      for (const auto& p : from) to[p.key()].copy_(p.value());
+    }
+    model->to(at::Device(at::kCUDA, 0), dtype);
+    reference->to(at::Device(at::kCUDA, 0), at::kDouble);
+    const auto tokens = torch::randint(c.vocab, {3, 41}).to(at::kCUDA);
+    const auto targets = torch::randint(c.vocab, {3, 41}).to(at::kCUDA);
+
+    // The kernels are what the norms ran: their autograd nodes, not torch::rms_norm's.
+    const auto x = torch::randn({3, 41, c.dim}).to(at::Device(at::kCUDA, 0), dtype);
+    const auto normed = model->layers[0]->norm1(x.requires_grad_());
+    const std::string node = normed.grad_fn() ? normed.grad_fn()->name() : "(none)";
+    EXPECT_NE(node.find("RmsNormFunction"), std::string::npos) << node;
+    const auto block_out = model->layers[0]->forward(x);
+    bool fused_add = false;  // add_rms_norm's node is in the block's graph
+    std::vector<torch::autograd::Node*> todo{block_out.grad_fn().get()};
+    for (size_t i = 0; i < todo.size() && i < 200; ++i) {
+      if (todo[i] == nullptr) continue;
+      fused_add |= todo[i]->name().find("AddRmsNormFunction") != std::string::npos;
+      for (const auto& e : todo[i]->next_edges()) todo.push_back(e.function.get());
+    }
+    EXPECT_TRUE(fused_add) << "the block's residual add and norm2 did not run as one kernel";
+
+    auto loss_of = [&](mm::MiniLLM& m) {
+      const auto logits = m->forward(tokens);
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}).to(at::kFloat),
+                                                  targets.reshape(-1));
+    };
+    const auto got = loss_of(model), want = loss_of(reference);
+    got.backward();
+    want.backward();
+    const auto where = ::testing::Message() << c10::toString(dtype);
+    EXPECT_LT(rel_diff(got, want), tol) << where;
+    auto ref_params = reference->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << where << " " << p.key();
+      EXPECT_LT(rel_diff(p.value().grad(), ref_params[p.key()].grad()), tol)
+          << where << " gradient of " << p.key();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing::minillm_cuda_test
