@@ -57,6 +57,7 @@ torch::Tensor SelfAttentionImpl::project(const torch::Tensor& x, const torch::Te
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
+  if (ops::cuda_kernels_run_on(x)) return forward_batch_first(x);
   const int64_t batch = x.size(0), seq = x.size(1), dim = x.size(2), head_dim = dim / heads_;
   // The steps of torch.nn.functional.multi_head_attention_forward (batch_first, q is k is v,
   // need_weights=False) in PyTorch 2.11, op for op, so both programs run the same kernels.
@@ -76,6 +77,19 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
                                                   heads_first(proj[2]));
   auto merged = attn.permute({2, 0, 1, 3}).contiguous().view({batch * seq, dim});
   return project(merged, out_proj->weight, out_proj->bias).view({seq, batch, dim}).transpose(0, 1);
+}
+
+torch::Tensor SelfAttentionImpl::forward_batch_first(const torch::Tensor& x) {
+  const int64_t batch = x.size(0), seq = x.size(1), dim = x.size(2), head_dim = dim / heads_;
+  // q, k and v as views of the packed projection [batch, seq, 3, heads, head_dim]: the last
+  // dimension is contiguous, which is all SDPA's flash and cuDNN kernels ask.
+  const auto qkv = project(x, in_proj_weight, in_proj_bias)
+                       .view({batch, seq, 3, heads_, head_dim})
+                       .permute({2, 0, 3, 1, 4});  // [3, batch, heads, seq, head_dim]
+  const auto attn = torch::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);
+  // The flash kernels write their output as [batch, seq, heads, head_dim] already: no copy.
+  const auto merged = attn.transpose(1, 2).reshape({batch * seq, dim});
+  return project(merged, out_proj->weight, out_proj->bias).view({batch, seq, dim});
 }
 
 TransformerBlockImpl::TransformerBlockImpl(int64_t dim, int64_t heads, bool float8,

@@ -210,15 +210,18 @@ bool cuda_kernels_built() {
 #endif
 }
 
-bool rms_norm_uses_kernel(const at::Tensor& x, const at::Tensor& weight) {
+bool cuda_kernels_run_on(const at::Tensor& t) {
 #ifdef FSDP_HAVE_CUDA_KERNELS
-  return kernels_run_on(x) && weight.device() == x.device() &&
-         weight.scalar_type() == x.scalar_type() && x.numel() > 0;
+  return kernels_run_on(t);
 #else
-  (void)x;
-  (void)weight;
+  (void)t;
   return false;
 #endif
+}
+
+bool rms_norm_uses_kernel(const at::Tensor& x, const at::Tensor& weight) {
+  return cuda_kernels_run_on(x) && weight.device() == x.device() &&
+         weight.scalar_type() == x.scalar_type() && x.numel() > 0;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

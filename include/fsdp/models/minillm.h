@@ -9,7 +9,8 @@
 // ...), so weights move between the two programs as they are. One exception, on a GPU where
 // fsdp's CUDA kernels run (fsdp/ops/fused.h; FSDP_CUDA_KERNELS=0 turns them off): the norms
 // are fsdp's kernels, the second one fused with the residual add before it (the same formula
-// and eps; the numbers differ from PyTorch's kernel by rounding).
+// and eps; the numbers differ from PyTorch's kernel by rounding), and the attention runs
+// batch first (SelfAttention::forward_batch_first: the same numbers, three copies fewer).
 //
 // The blocks are held as fsdp::Unit<TransformerBlock>: a plain pass-through until fully_shard
 // is applied, so the same class is the single-process reference and the sharded model.
@@ -70,8 +71,15 @@ class SelfAttentionImpl : public torch::nn::Module {
   // float8: both projections' GEMMs in float8 (ops::float8_linear, scaled as `scaling` says).
   SelfAttentionImpl(int64_t dim, int64_t heads, bool float8 = false,
                     ops::Float8Scaling scaling = ops::Float8Scaling::tensorwise);
-  // x: [batch, seq, dim] -> [batch, seq, dim].
+  // x: [batch, seq, dim] -> [batch, seq, dim]. nn.MultiheadAttention's steps, or on a GPU
+  // where fsdp's CUDA kernels run (ops::cuda_kernels_run_on), forward_batch_first.
   torch::Tensor forward(const torch::Tensor& x);
+  // The same attention without nn.MultiheadAttention's sequence-first copies (its input's, the
+  // packed projection's, the merged heads'): the projections' GEMMs on the batch-first rows, q,
+  // k and v as views of the packed projection, the output [batch, seq, dim] contiguous (so the
+  // residual add after it needs no copy). Equal to forward to rounding (the same products and
+  // sums, rows in another order); public so that the CPU tests check it.
+  torch::Tensor forward_batch_first(const torch::Tensor& x);
 
   torch::Tensor in_proj_weight, in_proj_bias;
   torch::nn::Linear out_proj{nullptr};

@@ -29,6 +29,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& y,
                                                const at::Tensor& weight, double eps);
 
+// Whether fsdp's CUDA kernels run on `t`: a CUDA tensor of float32, bf16 or half on a GPU they
+// are built for, in a build with them, FSDP_CUDA_KERNELS not 0. A model asks it to choose its GPU
+// path (MiniLLM's batch-first attention), so that FSDP_CUDA_KERNELS=0 gives the plain one.
+bool cuda_kernels_run_on(const at::Tensor& t);
+
 // Whether rms_norm and add_rms_norm run the kernel on these tensors (x on a GPU the kernels
 // run on, in a kernel dtype, weight of x's device and dtype, x not empty; FSDP_CUDA_KERNELS not
 // 0), rather than the twin. A model whose own norm is another formula (MiniLLM's
