@@ -87,7 +87,8 @@ torch::Tensor SelfAttentionImpl::forward_batch_first(const torch::Tensor& x) {
                        .view({batch, seq, 3, heads_, head_dim})
                        .permute({2, 0, 3, 1, 4});  // [3, batch, heads, seq, head_dim]
   const auto attn = torch::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);
-  // The flash kernels write their output as [batch, seq, heads, head_dim] already: no copy.
+  // SDPA's GPU kernels write their output as [batch, seq, heads, head_dim] (flash and the
+  // memory-efficient one always, cuDNN in q's layout, which is that here): the reshape is a view.
   const auto merged = attn.transpose(1, 2).reshape({batch * seq, dim});
   return project(merged, out_proj->weight, out_proj->bias).view({batch, seq, dim});
 }
