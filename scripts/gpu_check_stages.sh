@@ -300,7 +300,8 @@ EOF
 
 # Issue 40's MiniLLM target (>= 1.15x FSDP2's tok/s): train_minillm with --fused-loss and
 # --float8 (tensorwise, the feed-forward Linears) against FSDP2's plain run of the reference stage
-# (run here when that stage has not run in this call), from the same weights.
+# (run here when that stage has not run in this call), from the same weights; and the plain run
+# with fsdp's kernels against it without them (FSDP_CUDA_KERNELS=0).
 stage_minillm_speed() {
   STAGE=minillm_speed
   write_init || { detail "could not write the initial weights"; return 1; }
@@ -314,6 +315,17 @@ stage_minillm_speed() {
     --fused-loss --float8 --float8-attention --metrics-out "$L/minillm_fast_attn.jsonl" \
     > "$L/minillm_fast_attn.log" 2>&1 || cpp=1
   tail -3 "$L/minillm_fast_attn.log"
+  # What the kernels alone buy MiniLLM (its norms, the residual add fused with norm2, the
+  # batch-first attention): the plain run without them (FSDP2's kernels) against the reference
+  # stage's plain run, or a plain run here.
+  FSDP_CUDA_KERNELS=0 timeout 65 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 \
+    --nonfinite off --metrics-out "$L/minillm_nokernels.jsonl" > "$L/minillm_nokernels.log" 2>&1 ||
+    cpp=1
+  tail -3 "$L/minillm_nokernels.log"
+  if ! grep -q "median" "$L/reference_cpp.log" 2> /dev/null; then
+    timeout 65 "$FSDP_GPU_BIN/train_minillm" "${common[@]}" --dtype bf16 --nonfinite off \
+      --metrics-out "$L/reference_cpp.jsonl" > "$L/reference_cpp.log" 2>&1 || cpp=1
+  fi
   local py=0
   if ! grep -q "^RESULT" "$L/reference_fsdp2.log" 2> /dev/null; then
     fsdp2 reference_fsdp2 65 "${common[@]}"
@@ -337,6 +349,12 @@ mine, theirs = float(tps.group(1)) if tps else 0.0, float(res.get("tokens_per_s"
 mine_attn = float(tps_attn.group(1)) if tps_attn else 0.0
 peak = max((c["peak_mem_bytes"] for c in fast), default=0) / 2**20
 peak_attn = max((c["peak_mem_bytes"] for c in attn), default=0) / 2**20
+def tok_s(name):
+    m = re.search(r"median ([0-9.]+) tok/s", read(name))
+    return float(m.group(1)) if m else 0.0
+plain, bare = tok_s("reference_cpp.log"), tok_s("minillm_nokernels.log")
+print(f"kernels {plain:.0f} tok/s, without {bare:.0f}: {plain / bare if bare else 0:.2f}x; "
+      f"FSDP2 {theirs:.0f} | ", end="")
 print(f"fused loss + float8 {mine:.0f} tok/s, FSDP2 {theirs:.0f}: "
       f"{mine / theirs if theirs else 0:.2f}x (target 1.15x); with float8 attention "
       f"{mine_attn / theirs if theirs else 0:.2f}x | peak {peak:.0f} MiB ({peak_attn:.0f} with "
