@@ -82,13 +82,17 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
 torch::Tensor SelfAttentionImpl::forward_batch_first(const torch::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1), dim = x.size(2), head_dim = dim / heads_;
   // q, k and v as views of the packed projection [batch, seq, 3, heads, head_dim]: the last
-  // dimension is contiguous, which is all SDPA's flash and cuDNN kernels ask.
+  // dimension is contiguous, which is all SDPA's flash and cuDNN kernels ask. unbind, not three
+  // selects: its backward stacks the three gradients straight into the projection's layout,
+  // where each select's would fill a zeroed buffer of the whole projection and add them.
   const auto qkv = project(x, in_proj_weight, in_proj_bias)
                        .view({batch, seq, 3, heads_, head_dim})
-                       .permute({2, 0, 3, 1, 4});  // [3, batch, heads, seq, head_dim]
-  const auto attn = torch::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);
+                       .unbind(2);  // 3 x [batch, seq, heads, head_dim]
+  const auto attn = torch::scaled_dot_product_attention(
+      qkv[0].transpose(1, 2), qkv[1].transpose(1, 2), qkv[2].transpose(1, 2));
   // SDPA's GPU kernels write their output as [batch, seq, heads, head_dim] (flash and the
-  // memory-efficient one always, cuDNN in q's layout, which is that here): the reshape is a view.
+  // memory-efficient one always, cuDNN in q's layout, which is that here): the reshape is then
+  // a view (a copy only where SDPA falls back to its math kernel).
   const auto merged = attn.transpose(1, 2).reshape({batch * seq, dim});
   return project(merged, out_proj->weight, out_proj->bias).view({batch, seq, dim});
 }

@@ -2,7 +2,7 @@
 // nn.MultiheadAttention's steps (forward, the CPU's and the FSDP2 reference's path) on the CPU:
 // outputs and the gradients of the input and of every parameter, in float32 to rounding and in
 // bf16 within its rounding; with the float8 projections too (the same casts of the same values).
-// The GPU test (test_minillm_cuda.cpp) checks that the GPU takes it.
+// The GPU test (test_minillm_cuda.cpp) checks that the GPU takes it (its output is contiguous).
 #include <gtest/gtest.h>
 
 #include <string>

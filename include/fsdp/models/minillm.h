@@ -10,7 +10,8 @@
 // fsdp's CUDA kernels run (fsdp/ops/fused.h; FSDP_CUDA_KERNELS=0 turns them off): the norms
 // are fsdp's kernels, the second one fused with the residual add before it (the same formula
 // and eps; the numbers differ from PyTorch's kernel by rounding), and the attention runs
-// batch first (SelfAttention::forward_batch_first: the same numbers, three copies fewer).
+// batch first (SelfAttention::forward_batch_first: equal to rounding, without the forward's
+// three sequence-first copies).
 //
 // The blocks are held as fsdp::Unit<TransformerBlock>: a plain pass-through until fully_shard
 // is applied, so the same class is the single-process reference and the sharded model.
