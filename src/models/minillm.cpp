@@ -17,13 +17,10 @@ namespace fsdp::models::minillm {
 
 namespace {
 
-// torch::rms_norm's eps when none is given: the machine epsilon of the type it computes in
-// (float for float, bf16 and half inputs; measured on 2.11: not bf16's own epsilon, whatever
-// nn.RMSNorm's documentation says), so that the kernel's norm is the module's.
-double default_eps(const torch::Tensor& x) {
-  return x.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
-                                        : std::numeric_limits<float>::epsilon();
-}
+// torch::rms_norm's eps when none is given, for the inputs the kernel takes (float, bf16, half):
+// the machine epsilon of float, the type it computes in (measured on 2.11: not bf16's own
+// epsilon, whatever nn.RMSNorm's documentation says), so that the kernel's norm is the module's.
+constexpr double kKernelEps = std::numeric_limits<float>::epsilon();
 
 }  // namespace
 
@@ -33,7 +30,7 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // On a GPU with fsdp's kernels, one kernel each way that keeps a float per row for the
   // backward; elsewhere PyTorch's own (its CPU bf16 path rounds differently from the kernel's
   // ATen twin, and the CPU is where MiniLLM equals the FSDP2 reference to the last digit).
-  if (ops::rms_norm_uses_kernel(x, weight)) return ops::rms_norm(x, weight, default_eps(x));
+  if (ops::rms_norm_uses_kernel(x, weight)) return ops::rms_norm(x, weight, kKernelEps);
   return torch::rms_norm(x, {weight.size(0)}, weight, /*eps=*/std::nullopt);
 }
 
@@ -123,7 +120,7 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x) {
   // y = x + a and norm2(y): one kernel reading x and a once where the norm's kernel runs.
   torch::Tensor y, n;
   if (ops::rms_norm_uses_kernel(x, norm2->weight) && a.scalar_type() == x.scalar_type()) {
-    std::tie(y, n) = ops::add_rms_norm(x, a, norm2->weight, default_eps(x));
+    std::tie(y, n) = ops::add_rms_norm(x, a, norm2->weight, kKernelEps);
   } else {
     y = x + a;
     n = norm2(y);

@@ -8,18 +8,13 @@
 #include <string>
 
 #include "fsdp/models/minillm.h"
+#include "support/tensor_compare.h"
 #include "support/torch_api.h"
 
 namespace fsdp::testing::minillm_attention_test {
 namespace {
 
 namespace mm = fsdp::models::minillm;
-
-// max |a - b| / max |b|
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
 
 struct Case {
   at::ScalarType dtype;
@@ -56,8 +51,10 @@ TEST(MiniLLMAttention, BatchFirstEqualsMultiheadAttentionsSteps) {
     EXPECT_EQ(got[0].sizes(), want[0].sizes()) << where;
     EXPECT_TRUE(got[0].is_contiguous()) << where << ": the residual add after it would copy";
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_LT(rel_diff(got[i], want[i]), c.tol)
-          << where << (i == 0 ? " output" : i == 1 ? " input gradient" : " parameter gradient");
+      EXPECT_LT(rel_diff(got[i], want[i]), c.tol) << where
+                                                  << (i == 0   ? " output"
+                                                      : i == 1 ? " input gradient"
+                                                               : " parameter gradient");
     }
   }
 }

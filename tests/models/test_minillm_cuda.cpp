@@ -17,18 +17,13 @@
 #include "fsdp/models/minillm.h"
 #include "fsdp/ops/fused.h"
 #include "support/gpu.h"
+#include "support/tensor_compare.h"
 #include "support/torch_api.h"
 
 namespace fsdp::testing::minillm_cuda_test {
 namespace {
 
 namespace mm = fsdp::models::minillm;
-
-// max |a - b| / max |b|
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
 
 mm::Config small_config() {
   mm::Config c;

@@ -12,15 +12,10 @@
 #include "fsdp/comm/local_group.h"
 #include "fsdp/ops/linear_cross_entropy.h"
 #include "fsdp/parallel/tensor_parallel.h"
+#include "support/tensor_compare.h"
 #include "support/torch_api.h"
 
 namespace fsdp::testing::lce {
-
-// max |a - b| / max |b|, on the host.
-inline double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble).cpu() - b.to(at::kDouble).cpu()).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
 
 struct Case {
   at::Tensor hidden, weight, targets;

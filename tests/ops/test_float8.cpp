@@ -8,6 +8,7 @@
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "ops/float8_cast.h"
+#include "support/tensor_compare.h"
 #include "support/torch_api.h"
 
 namespace fsdp::testing {
@@ -15,12 +16,6 @@ namespace {
 
 using ops::Float8Tensor;
 using ops::to_float8;
-
-// max |a - b| / max |b|
-double rel8(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
 
 at::Tensor dequantize(const Float8Tensor& t) { return t.data.to(at::kFloat) / t.scale; }
 
@@ -111,11 +106,12 @@ TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {
       Float8Tensor bb{b_t ? b.data.t().contiguous().t() : b.data, b.scale};
       const auto got = ops::float8_mm(aa, bb, at::kFloat);
       EXPECT_EQ(got.scalar_type(), at::kFloat);
-      EXPECT_LT(rel8(got, want), 1e-6) << a_t << b_t;
+      EXPECT_LT(rel_diff(got, want), 1e-6) << a_t << b_t;
     }
   }
   const auto e5 = to_float8(torch::randn({48, 64}), at::kFloat8_e5m2);
-  EXPECT_LT(rel8(ops::float8_mm(e5, b, at::kFloat), at::mm(dequantize(e5), dequantize(b))), 1e-6);
+  EXPECT_LT(rel_diff(ops::float8_mm(e5, b, at::kFloat), at::mm(dequantize(e5), dequantize(b))),
+            1e-6);
   EXPECT_EQ(ops::float8_mm(a, b, at::kBFloat16).scalar_type(), at::kBFloat16);
   EXPECT_THROW(ops::float8_mm(a, a, at::kFloat), InvalidArgument);
 }
@@ -165,15 +161,15 @@ TEST(Float8Linear, OutputAndGradientsAreTheFloat8Gemms) {
     y.backward(c.dy);
     // fp32: the same products summed in another order; bf16: one rounding of the output.
     const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
-    EXPECT_LT(rel8(y, want.y), tol) << c10::toString(dtype);
-    EXPECT_LT(rel8(c.x.grad(), want.dx), tol);
-    EXPECT_LT(rel8(c.weight.grad(), want.dw), tol);
-    EXPECT_LT(rel8(c.bias.grad(), want.db), tol);
+    EXPECT_LT(rel_diff(y, want.y), tol) << c10::toString(dtype);
+    EXPECT_LT(rel_diff(c.x.grad(), want.dx), tol);
+    EXPECT_LT(rel_diff(c.weight.grad(), want.dw), tol);
+    EXPECT_LT(rel_diff(c.bias.grad(), want.db), tol);
     EXPECT_EQ(c.weight.grad().scalar_type(), dtype);
     // And float8 is only a rounding of the high-precision linear: a few percent, not more.
     const auto exact = at::linear(c.x.detach().to(at::kFloat), c.weight.detach().to(at::kFloat),
                                   c.bias.detach().to(at::kFloat));
-    const double r = rel8(y, exact);
+    const double r = rel_diff(y, exact);
     EXPECT_GT(r, 0.0);
     EXPECT_LT(r, 0.08);
   }
@@ -241,7 +237,7 @@ TEST(Float8Linear, RowwiseOutputAndGradientsAreTorchaosRowwiseGemms) {
     EXPECT_TRUE(y.equal(want.y)) << c10::toString(dtype);
     EXPECT_TRUE(c.x.grad().equal(want.dx)) << c10::toString(dtype);
     EXPECT_TRUE(c.weight.grad().equal(want.dw)) << c10::toString(dtype);
-    EXPECT_LT(rel8(c.bias.grad(), want.db), dtype == at::kFloat ? 1e-6 : 1e-2);
+    EXPECT_LT(rel_diff(c.bias.grad(), want.db), dtype == at::kFloat ? 1e-6 : 1e-2);
   }
   // Where tokens differ in magnitude, rowwise keeps the small ones that tensorwise flushes
   // towards zero: its output is far closer to the high-precision linear's.
@@ -268,7 +264,7 @@ TEST(Float8Linear, AFrozenWeightGetsNoGradientAndNoBiasIsFine) {
   auto y = ops::float8_linear(c.x, c.weight, at::Tensor());
   y.backward(c.dy);
   EXPECT_FALSE(c.weight.grad().defined());
-  EXPECT_LT(rel8(c.x.grad(), by_hand(c).dx), 1e-6);
+  EXPECT_LT(rel_diff(c.x.grad(), by_hand(c).dx), 1e-6);
 }
 
 // The backward keeps x's float8 cast (1 byte an element), not x: x here is an activation (a
@@ -288,10 +284,10 @@ TEST(Float8Linear, KeepsXsFloat8CastForTheBackwardNotX) {
     x = at::Tensor();
     EXPECT_TRUE(storage.expired()) << (frozen ? "frozen" : "trained") << " weight";
     y.backward(c.dy);
-    EXPECT_LT(rel8(y, want.y), 1e-2);
-    EXPECT_LT(rel8(leaf.grad(), want.dx), 1e-2);
+    EXPECT_LT(rel_diff(y, want.y), 1e-2);
+    EXPECT_LT(rel_diff(leaf.grad(), want.dx), 1e-2);
     if (!frozen) {
-      EXPECT_LT(rel8(c.weight.grad(), want.dw), 1e-2);
+      EXPECT_LT(rel_diff(c.weight.grad(), want.dw), 1e-2);
     }
   }
 }

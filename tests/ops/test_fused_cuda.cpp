@@ -19,16 +19,11 @@
 #include "fsdp/ops/fused.h"
 #include "ops/float8_cast.h"
 #include "support/gpu.h"
+#include "support/tensor_compare.h"
 #include "support/torch_api.h"
 
 namespace fsdp::testing::fused_cuda_test {
 namespace {
-
-// max |a - b| / max |b|
-double rel_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() /
-         std::max(b.to(at::kDouble).abs().max().item<double>(), 1e-30);
-}
 
 // The twins, written out here (not the library's fallback) so that the comparison is with
 // transformers' formulas themselves.

@@ -17,7 +17,6 @@ namespace {
 
 using lce::Case;
 using lce::fused;
-using lce::rel;
 using lce::unfused;
 using ops::linear_cross_entropy;
 using ops::LinearCrossEntropyOptions;
@@ -45,9 +44,9 @@ TEST(LinearCrossEntropy, EqualsTheUnfusedLossAndGradientsAtEveryChunk) {
     LinearCrossEntropyOptions o;
     o.chunk_tokens = chunk;
     auto got = fused(c, o);
-    EXPECT_LT(rel(got.loss, want.loss), kFp32) << "chunk " << chunk;
-    EXPECT_LT(rel(got.grad_h, want.grad_h), kFp32) << "chunk " << chunk;
-    EXPECT_LT(rel(got.grad_w, want.grad_w), kFp32) << "chunk " << chunk;
+    EXPECT_LT(rel_diff(got.loss, want.loss), kFp32) << "chunk " << chunk;
+    EXPECT_LT(rel_diff(got.grad_h, want.grad_h), kFp32) << "chunk " << chunk;
+    EXPECT_LT(rel_diff(got.grad_w, want.grad_w), kFp32) << "chunk " << chunk;
   }
 }
 
@@ -72,8 +71,8 @@ TEST(LinearCrossEntropy, AScaledBackwardScalesTheGradients) {
   auto h = c.hidden.detach().clone().requires_grad_();
   auto w = c.weight.detach().clone().requires_grad_();
   (linear_cross_entropy(h, w, c.targets) * 0.25).backward();
-  EXPECT_LT(rel(h.grad(), want.grad_h * 0.25), kFp32);
-  EXPECT_LT(rel(w.grad(), want.grad_w * 0.25), kFp32);
+  EXPECT_LT(rel_diff(h.grad(), want.grad_h * 0.25), kFp32);
+  EXPECT_LT(rel_diff(w.grad(), want.grad_w * 0.25), kFp32);
 }
 
 TEST(LinearCrossEntropy, NoCountedTargetIsAZeroLossWithZeroGradients) {
@@ -91,8 +90,8 @@ TEST(LinearCrossEntropy, AFrozenWeightGetsNoGradient) {
   auto want = unfused(c);
   auto got = fused(c);
   EXPECT_FALSE(got.grad_w.defined());
-  EXPECT_LT(rel(got.loss, want.loss), kFp32);
-  EXPECT_LT(rel(got.grad_h, want.grad_h), kFp32);
+  EXPECT_LT(rel_diff(got.loss, want.loss), kFp32);
+  EXPECT_LT(rel_diff(got.grad_h, want.grad_h), kFp32);
 }
 
 TEST(LinearCrossEntropy, Bf16WithinItsRounding) {
@@ -105,9 +104,9 @@ TEST(LinearCrossEntropy, Bf16WithinItsRounding) {
   EXPECT_EQ(got.grad_w.scalar_type(), at::kBFloat16);
   // The logits are the same bf16 GEMM's rows; the gradients' GEMMs differ in how they are cut
   // into chunks, and the weight's sums its chunks in fp32: within bf16's 2^-8 of the largest.
-  EXPECT_LT(rel(got.loss, want.loss), 1e-5);
-  EXPECT_LT(rel(got.grad_h, want.grad_h), 1e-2);
-  EXPECT_LT(rel(got.grad_w, want.grad_w), 1e-2);
+  EXPECT_LT(rel_diff(got.loss, want.loss), 1e-5);
+  EXPECT_LT(rel_diff(got.grad_h, want.grad_h), 1e-2);
+  EXPECT_LT(rel_diff(got.grad_w, want.grad_w), 1e-2);
 }
 
 TEST(LinearCrossEntropy, BadInputIsRefusedByName) {
@@ -141,12 +140,12 @@ TEST(LinearCrossEntropy, VocabularyParallelEqualsTheWholeVocabulary) {
     auto grad_h = torch::zeros_like(want.grad_h);
     for (int r = 0; r < world; ++r) {
       const auto mine = tp::chunk_of(vocab, world, r);
-      EXPECT_LT(rel(got[r].loss, want.loss), kFp32) << "world " << world << " rank " << r;
-      EXPECT_LT(rel(got[r].grad_w, want.grad_w.narrow(0, mine.offset, mine.length)), kFp32)
+      EXPECT_LT(rel_diff(got[r].loss, want.loss), kFp32) << "world " << world << " rank " << r;
+      EXPECT_LT(rel_diff(got[r].grad_w, want.grad_w.narrow(0, mine.offset, mine.length)), kFp32)
           << "world " << world << " rank " << r;
       grad_h += got[r].grad_h;
     }
-    EXPECT_LT(rel(grad_h, want.grad_h), kFp32) << "world " << world;
+    EXPECT_LT(rel_diff(grad_h, want.grad_h), kFp32) << "world " << world;
   }
 }
 

@@ -26,7 +26,6 @@ namespace {
 
 using lce::Case;
 using lce::fused;
-using lce::rel;
 using lce::unfused;
 using ops::linear_cross_entropy;
 using ops::LinearCrossEntropyOptions;
@@ -72,9 +71,9 @@ TEST(LinearCrossEntropyCuda, EqualsTheUnfusedLossOnTheGpuAndTheCpu) {
         const auto at = fmt::format("{} vocab {} chunk {}", c10::toString(dtype), vocab, chunk);
         EXPECT_EQ(got.grad_h.scalar_type(), dtype) << at;
         EXPECT_EQ(got.grad_w.scalar_type(), dtype) << at;
-        EXPECT_LT(rel(got.loss, want.loss), loss_tolerance(dtype)) << at;
-        EXPECT_LT(rel(got.grad_h, want.grad_h), grad_tolerance(dtype)) << at;
-        EXPECT_LT(rel(got.grad_w, want.grad_w), grad_tolerance(dtype)) << at;
+        EXPECT_LT(rel_diff(got.loss, want.loss), loss_tolerance(dtype)) << at;
+        EXPECT_LT(rel_diff(got.grad_h, want.grad_h), grad_tolerance(dtype)) << at;
+        EXPECT_LT(rel_diff(got.grad_w, want.grad_w), grad_tolerance(dtype)) << at;
       }
       if (dtype == at::kHalf) continue;  // half GEMMs on the CPU: not what this compares
       // The CPU's ATen form of the same chunks.
@@ -82,9 +81,9 @@ TEST(LinearCrossEntropyCuda, EqualsTheUnfusedLossOnTheGpuAndTheCpu) {
       LinearCrossEntropyOptions o;
       o.chunk_tokens = 7;
       const auto on_cpu = fused(cpu, o), on_gpu = fused(c, o);
-      EXPECT_LT(rel(on_gpu.loss, on_cpu.loss), loss_tolerance(dtype)) << vocab;
-      EXPECT_LT(rel(on_gpu.grad_h, on_cpu.grad_h), grad_tolerance(dtype)) << vocab;
-      EXPECT_LT(rel(on_gpu.grad_w, on_cpu.grad_w), grad_tolerance(dtype)) << vocab;
+      EXPECT_LT(rel_diff(on_gpu.loss, on_cpu.loss), loss_tolerance(dtype)) << vocab;
+      EXPECT_LT(rel_diff(on_gpu.grad_h, on_cpu.grad_h), grad_tolerance(dtype)) << vocab;
+      EXPECT_LT(rel_diff(on_gpu.grad_w, on_cpu.grad_w), grad_tolerance(dtype)) << vocab;
     }
   }
 }
@@ -122,13 +121,13 @@ TEST(LinearCrossEntropyCuda, ChunkKernelEqualsItsAtenForm) {
         const auto at = fmt::format("{} rows {} vocab {}{}", c10::toString(dtype), rows, vocab,
                                     split ? " split" : "");
         EXPECT_EQ(got.grad.scalar_type(), dtype) << at;
-        EXPECT_LT(rel(got.loss_sum, want.loss_sum), 1e-5) << at;
+        EXPECT_LT(rel_diff(got.loss_sum, want.loss_sum), 1e-5) << at;
         // Both round the same float32 gradient to the dtype, up to float32 summation order.
-        EXPECT_LT(rel(got.grad, want.grad), dtype == at::kFloat ? 1e-5 : 1e-2) << at;
+        EXPECT_LT(rel_diff(got.grad, want.grad), dtype == at::kFloat ? 1e-5 : 1e-2) << at;
         // The loss alone leaves the logits as they were.
         auto kept = logits.to(at::kCUDA);
         const auto loss_only = ops::detail::chunk_cross_entropy(kept, gpu, false);
-        EXPECT_LT(rel(loss_only.loss_sum, want.loss_sum), 1e-5) << at;
+        EXPECT_LT(rel_diff(loss_only.loss_sum, want.loss_sum), 1e-5) << at;
         EXPECT_TRUE(at::equal(kept.cpu(), logits)) << at;
       }
     }
@@ -165,13 +164,13 @@ TEST(LinearCrossEntropyCuda, LlamasVocabularyInBf16) {
   LinearCrossEntropyOptions o;
   o.chunk_tokens = 32;
   const auto got = fused(c, o);
-  EXPECT_LT(rel(got.loss, want.loss), 2e-4);
-  EXPECT_LT(rel(got.grad_h, want.grad_h), 1e-2);
-  EXPECT_LT(rel(got.grad_w, want.grad_w), 1e-2);
+  EXPECT_LT(rel_diff(got.loss, want.loss), 2e-4);
+  EXPECT_LT(rel_diff(got.grad_h, want.grad_h), 1e-2);
+  EXPECT_LT(rel_diff(got.grad_w, want.grad_w), 1e-2);
   // The loss alone (no gradient wanted: the kernel's loss-only pass).
   torch::NoGradGuard no_grad;
   const auto loss = linear_cross_entropy(c.hidden, c.weight, c.targets, o);
-  EXPECT_LT(rel(loss, want.loss), 2e-4);
+  EXPECT_LT(rel_diff(loss, want.loss), 2e-4);
 }
 
 TEST(LinearCrossEntropyCuda, AFrozenWeightAndNoCountedTarget) {
@@ -181,8 +180,8 @@ TEST(LinearCrossEntropyCuda, AFrozenWeightAndNoCountedTarget) {
   c.weight.requires_grad_(false);
   const auto frozen = fused(c);
   EXPECT_FALSE(frozen.grad_w.defined());
-  EXPECT_LT(rel(frozen.loss, want.loss), 2e-4);
-  EXPECT_LT(rel(frozen.grad_h, want.grad_h), 1e-2);
+  EXPECT_LT(rel_diff(frozen.loss, want.loss), 2e-4);
+  EXPECT_LT(rel_diff(frozen.grad_h, want.grad_h), 1e-2);
   c.targets.fill_(-100);
   const auto none = fused(c);
   EXPECT_EQ(none.loss.item<float>(), 0.0f);
@@ -201,13 +200,13 @@ TEST(LinearCrossEntropyCuda, VocabularyParallelEqualsTheWholeVocabulary) {
     auto grad_h = torch::zeros_like(want.grad_h, at::kFloat);
     for (int r = 0; r < world; ++r) {
       const auto mine = tp::chunk_of(vocab, world, r);
-      EXPECT_LT(rel(got[r].loss, want.loss), loss_tolerance(dtype)) << r;
-      EXPECT_LT(rel(got[r].grad_w, want.grad_w.narrow(0, mine.offset, mine.length)),
+      EXPECT_LT(rel_diff(got[r].loss, want.loss), loss_tolerance(dtype)) << r;
+      EXPECT_LT(rel_diff(got[r].grad_w, want.grad_w.narrow(0, mine.offset, mine.length)),
                 grad_tolerance(dtype))
           << r;
       grad_h += got[r].grad_h.to(at::kFloat);
     }
-    EXPECT_LT(rel(grad_h, want.grad_h), grad_tolerance(dtype) * 2) << c10::toString(dtype);
+    EXPECT_LT(rel_diff(grad_h, want.grad_h), grad_tolerance(dtype) * 2) << c10::toString(dtype);
   }
 }
 
