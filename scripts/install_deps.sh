@@ -17,6 +17,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 torch_version=2.11.0
+uv_version=0.13.10  # the installer of the Python packages (below)
 venv="$FSDP_VENV"
 
 packages=(
@@ -96,12 +97,27 @@ else
   echo "install_deps: installing torch ${torch_version} and ${python_packages[*]:1} into $venv"
   echo "install_deps: (the CUDA 13.0 wheel and its nvidia-* libraries: about 3 GB to download)"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_packages[@]}" \
-    >/tmp/fsdp_pip.log 2>&1 || {
-    echo "install_deps: pip install failed; see /tmp/fsdp_pip.log" >&2
-    tail -20 /tmp/fsdp_pip.log >&2
-    exit 1
-  }
+  # uv (PyPI's, pinned) installs the same packages as pip, downloading in parallel: measured on
+  # a 2-core machine with nothing cached, 20 s against pip's 78 s. pip installs them where uv
+  # cannot be had or fails, and where pip is configured with an index of its own (a mirror: uv
+  # does not read pip's configuration).
+  : > /tmp/fsdp_pip.log
+  installed=""
+  if ! "$venv/bin/python" -m pip config list 2>/dev/null | grep -q "index-url" &&
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "uv==$uv_version" \
+      >>/tmp/fsdp_pip.log 2>&1; then
+    "$venv/bin/uv" pip install -q --system-certs --python "$venv/bin/python" \
+      "${python_packages[@]}" >>/tmp/fsdp_pip.log 2>&1 && installed=uv ||
+      echo "install_deps: uv failed (/tmp/fsdp_pip.log); installing with pip"
+  fi
+  if [ -z "$installed" ]; then
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${python_packages[@]}" \
+      >>/tmp/fsdp_pip.log 2>&1 || {
+      echo "install_deps: pip install failed; see /tmp/fsdp_pip.log" >&2
+      tail -20 /tmp/fsdp_pip.log >&2
+      exit 1
+    }
+  fi
   venv_complete || { echo "install_deps: $venv is incomplete after pip install" >&2; exit 1; }
 fi
 # llama-cpp-python's source release (76 MB): the chat-template engine is built from the llama.cpp
