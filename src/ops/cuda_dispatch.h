@@ -50,8 +50,10 @@ inline bool kernels_enabled() {
 }
 
 // Whether the kernels run on this tensor: a CUDA tensor of a kernel dtype (kernel_dtype), with
-// the kernels enabled, on a GPU they are built for (sm_80 and sm_90 and their PTX, so a GPU older
-// than Ampere, or one the driver cannot load them for, gets the twins; asked once per device).
+// the kernels enabled, on a GPU of compute capability 8.0 or newer (they are built for sm_80 and
+// sm_90 and their PTX; asked once per device). An older GPU gets the twins. A launch the driver
+// refuses (PTX newer than the driver, say) is not foreseen here: check_launch throws
+// fsdp::Error naming the op, and FSDP_CUDA_KERNELS=0 steps around it.
 inline bool kernels_run_on(const at::Tensor& t) {
   if (!kernels_enabled() || !t.is_cuda() || !kernel_dtype(t.scalar_type())) return false;
   static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 yes, 2 no

@@ -59,6 +59,9 @@ Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::T
   FSDP_CHECK_ARG(at::isFloatingType(t.scalar_type()) && t.numel() > 0,
                  "float8 cast: expected a non-empty floating tensor, got {} of {} elements",
                  c10::toString(t.scalar_type()), t.numel());
+  FSDP_CHECK_ARG(row || col,
+                 "float8 cast: asked for neither the row-major nor the column-major "
+                 "result");
   FSDP_CHECK_ARG(!col || t.dim() == 2,
                  "float8 cast: a column-major cast needs a 2-D tensor, got {}", t.sizes());
   const int64_t m = col ? t.size(0) : 0;

@@ -31,8 +31,8 @@ struct Float8Cast {
 };
 
 // t cast to `dtype` (e4m3fn or e5m2) with `scale` (float32, one element), or t's own scale
-// when `scale` is undefined. Throws InvalidArgument for an empty or non-floating t, and for
-// `col` with a t that is not 2-D.
+// when `scale` is undefined. Throws InvalidArgument for an empty or non-floating t, for
+// `col` with a t that is not 2-D, and when neither `row` nor `col` is asked for.
 Float8Cast cast_to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& scale,
                           bool row, bool col, int64_t pad_to = 1);
 

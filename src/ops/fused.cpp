@@ -43,22 +43,25 @@ using detail::kernel_dtype;
 using detail::kernels_run_on;
 using detail::stream_of;
 
-// The norm's backward kernel: dx (x's dtype) and the weight's gradient (summed in float32, then
-// the weight's dtype).
+// The norm's backward kernel: dx (x's dtype) and, when `want_dw` (the weight is not frozen),
+// the weight's gradient (summed in float32, then the weight's dtype); else an undefined one.
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy_in, const at::Tensor& x,
-                                                    const at::Tensor& w, const at::Tensor& rstd) {
+                                                    const at::Tensor& w, const at::Tensor& rstd,
+                                                    bool want_dw) {
   const auto dy = dy_in.contiguous();
   const int64_t d = x.size(-1), n = x.numel() / std::max<int64_t>(d, 1);
   auto dx = at::empty_like(x);
-  auto dw = at::empty({d}, x.options().dtype(at::kFloat));
-  auto workspace =
-      at::empty({cuda::rms_norm_workspace_floats(n, d)}, x.options().dtype(at::kFloat));
-  check_launch(cuda::rms_norm_backward(*kernel_dtype(x.scalar_type()), dy.data_ptr(), x.data_ptr(),
-                                       w.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
-                                       dw.data_ptr<float>(), workspace.data_ptr<float>(), n, d,
-                                       stream_of(x)),
+  at::Tensor dw, workspace;
+  if (want_dw) {
+    dw = at::empty({d}, x.options().dtype(at::kFloat));
+    workspace = at::empty({cuda::rms_norm_workspace_floats(n, d)}, x.options().dtype(at::kFloat));
+  }
+  check_launch(cuda::rms_norm_backward(
+                   *kernel_dtype(x.scalar_type()), dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                   rstd.data_ptr<float>(), dx.data_ptr(), want_dw ? dw.data_ptr<float>() : nullptr,
+                   want_dw ? workspace.data_ptr<float>() : nullptr, n, d, stream_of(x)),
                "rms_norm backward");
-  return {dx, dw.to(w.scalar_type())};
+  return {dx, want_dw ? dw.to(w.scalar_type()) : at::Tensor()};
 }
 
 // The norm's forward kernel over the rows of h = x, or of h = x + y (the residual add in the
@@ -103,7 +106,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &w = saved[1];
     c10::cuda::CUDAGuard guard(x.device());
-    auto [dx, dw] = rms_norm_backward(grads[0], x, w, saved[2]);
+    auto [dx, dw] = rms_norm_backward(grads[0], x, w, saved[2], ctx->needs_input_grad(1));
     return {dx, dw, at::Tensor()};
   }
 };
@@ -129,7 +132,8 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
     c10::cuda::CUDAGuard guard(h.device());
     at::Tensor dh = grads[0], dw;
     if (grads[1].defined()) {
-      auto [dh_norm, dw_norm] = rms_norm_backward(grads[1], h, w, saved[2]);
+      auto [dh_norm, dw_norm] =
+          rms_norm_backward(grads[1], h, w, saved[2], ctx->needs_input_grad(2));
       // The twin's autograd sums h's two gradients in the dtype, as this add does.
       dh = dh.defined() ? dh + dh_norm : dh_norm;
       dw = dw_norm;

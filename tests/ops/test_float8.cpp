@@ -93,6 +93,9 @@ TEST(Float8Cast, ColumnMajorAndPaddedLayoutsHoldTheSameBytes) {
   EXPECT_THROW(
       ops::detail::cast_to_float8(torch::randn({0, 16}), at::kFloat8_e4m3fn, {}, true, true),
       InvalidArgument);
+  // Neither layout asked for: a caller's mistake, named (the kernel would leave the scale unset).
+  EXPECT_THROW(ops::detail::cast_to_float8(t, at::kFloat8_e4m3fn, {}, false, false),
+               InvalidArgument);
 }
 
 TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {

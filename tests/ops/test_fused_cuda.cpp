@@ -1,10 +1,10 @@
 // The CUDA kernels of fsdp/ops/fused.h against their ATen twins on the GPU: RMSNorm and SwiGLU,
 // forward and backward, fp32 (to float rounding) and bf16 (within a few of bf16's rounding
-// steps), over row lengths that do not divide by the block (3, 1000, 2048), more rows than the
-// backward's blocks, and more elements than one pass of SwiGLU's grid; the residual add fused
-// with RMSNorm; the rotary embedding against apply_rotary_pos_emb (bit for bit). The
-// float8 cast's kernels (ops/cuda/float8_kernels.h) give the ATen cast's bytes and scale
-// exactly, in every layout.
+// steps), over row lengths that do not divide by the block (3, 1000, 2048) and one wider than
+// the backward's shared memory (16384), more rows than the backward's blocks, a frozen weight,
+// and more elements than one pass of SwiGLU's grid; the residual add fused with RMSNorm; the
+// rotary embedding against apply_rotary_pos_emb (bit for bit). The float8 cast's kernels
+// (ops/cuda/float8_kernels.h) give the ATen cast's bytes and scale exactly, in every layout.
 // Skips without a GPU, fails under FSDP_REQUIRE_GPU=1, where the kernels must also be built.
 #include <ATen/cuda/CUDAContext.h>
 #include <gtest/gtest.h>
@@ -46,10 +46,11 @@ TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
 TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
   FSDP_SKIP_WITHOUT_GPU();
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    // Rows of 3, 1000 and 2048; 51 rows (a block each) and 1200 (several per block in the
-    // backward, whose blocks then sum their weight-gradient parts).
-    for (auto [rows, d] :
-         std::vector<std::pair<int64_t, int64_t>>{{51, 3}, {51, 1000}, {51, 2048}, {1200, 2048}}) {
+    // Rows of 3, 1000 and 2048; 51 rows (a block each) and 1200 (several per block of the
+    // backward's 512, whose blocks then sum their weight-gradient parts); rows of 16384, wider
+    // than a block's shared memory holds (the parts then add up in global memory).
+    for (auto [rows, d] : std::vector<std::pair<int64_t, int64_t>>{
+             {51, 3}, {51, 1000}, {51, 2048}, {1200, 2048}, {600, 16384}}) {
       torch::manual_seed(5);
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
       auto x = (torch::randn({rows, d}) * 3).to(opts);
@@ -68,6 +69,11 @@ TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
           << c10::toString(dtype) << " rows " << rows << " d " << d;
       EXPECT_LT(rel_diff(wa.grad(), wb.grad()), tol)
           << c10::toString(dtype) << " rows " << rows << " d " << d;
+      // A frozen weight (LoRA's norms): no weight gradient is made, and x's is the same.
+      auto xf = x.clone().requires_grad_();
+      ops::rms_norm(xf, w, 1e-5).backward(dy);
+      EXPECT_TRUE(xf.grad().equal(xa.grad())) << c10::toString(dtype) << " d " << d;
+      EXPECT_FALSE(w.grad().defined());
     }
   }
 }
@@ -105,6 +111,17 @@ TEST(FusedCuda, AddRmsNormEqualsTheAddThenTheNorm) {
       EXPECT_LT(rel_diff(xa.grad(), xb.grad()), tol) << where;
       EXPECT_LT(rel_diff(ya.grad(), yb.grad()), tol) << where;
       EXPECT_LT(rel_diff(wa.grad(), wb.grad()), tol) << where;
+      // The weight frozen: x's and y's gradients as before, none for the weight.
+      auto xf = x.clone().requires_grad_(), yf = y.clone().requires_grad_();
+      auto [hf, nf] = ops::add_rms_norm(xf, yf, w, 1e-5);
+      if (h_used) {
+        ((hf * gh).sum() + (nf * gn).sum()).backward();
+      } else {
+        (nf * gn).sum().backward();
+      }
+      EXPECT_TRUE(xf.grad().equal(xa.grad())) << where;
+      EXPECT_TRUE(yf.grad().equal(ya.grad())) << where;
+      EXPECT_FALSE(w.grad().defined()) << where;
     }
   }
 }

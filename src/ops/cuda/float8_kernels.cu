@@ -1,5 +1,5 @@
-// float8_kernels.h: the largest magnitude (a grid-stride loop, warp reductions, one atomic per
-// warp) and the cast (elementwise for the row-major result alone; 32 x 32 tiles through shared
+// float8_kernels.h: the largest magnitude (a grid-stride loop, a block reduction, one atomic per
+// block) and the cast (elementwise for the row-major result alone; 32 x 32 tiles through shared
 // memory when the transpose is wanted, so that both results are written row by row); and the
 // rowwise recipe's axiswise casts (a block per row, or column maxima with atomics, then scales,
 // then an elementwise cast).
@@ -29,8 +29,16 @@ __global__ void abs_max_kernel(const T* __restrict__ x, int64_t numel, unsigned*
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     m = max(m, abs_bits(to_f(x[i])));
   }
+  // The block's maximum, then one atomic per block: one per warp put up to 32,768 atomics on
+  // the one address at once (4096 blocks of 8 warps, all ending their loops together).
+  __shared__ unsigned warp_max[kThreads / 32];
   for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0 && m != 0) atomicMax(out, m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
+    if (m != 0) atomicMax(out, m);
+  }
 }
 
 __device__ __forceinline__ double format_max(Float8Format f) {

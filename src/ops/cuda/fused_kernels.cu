@@ -13,9 +13,16 @@ namespace fsdp::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Blocks of the RMSNorm backward: each sums its rows' weight-gradient parts into its own row of
-// the workspace, which a second kernel sums over the blocks.
-constexpr int64_t kBackwardBlocks = 256;
+// Blocks of the RMSNorm backward: each sums its rows' weight-gradient parts and writes them to
+// its own row of the workspace, which a second kernel sums over the blocks. 512 keeps about four
+// blocks of 256 threads on each of an H100's or H200's 132 SMs (256 left half of them idle).
+constexpr int64_t kBackwardBlocks = 512;
+// Up to this many columns (48 KB of floats, the shared memory a block gets without opting in)
+// a block keeps its weight-gradient parts in shared memory; wider rows keep them in the
+// workspace (global memory: a read and a write per element and row).
+constexpr int64_t kSharedDwColumns = 48 * 1024 / sizeof(float);
+// The workspace's sum: a block per 32 columns, kSumRows rows of 32 threads.
+constexpr int kSumRows = 8;
 
 // The sum of v over the block (every thread gets it).
 __device__ float block_sum(float v) {
@@ -60,13 +67,21 @@ __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __rest
   }
 }
 
+// dx, and (partial_dw not null) the block's rows' weight-gradient parts in its row of
+// partial_dw. Thread t owns the columns t, t + kThreads, ...: no two threads touch one part, so
+// the parts need no barrier.
 template <typename T>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          const T* __restrict__ w, const float* __restrict__ rstd,
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          int64_t n, int64_t d) {
-  float* my_dw = partial_dw + blockIdx.x * d;
-  for (int64_t i = threadIdx.x; i < d; i += kThreads) my_dw[i] = 0;
+  extern __shared__ float shared_dw[];  // d floats where d <= kSharedDwColumns and dw is wanted
+  const bool want_dw = partial_dw != nullptr;
+  float* const block_dw = want_dw ? partial_dw + blockIdx.x * d : nullptr;
+  float* const my_dw = d <= kSharedDwColumns ? shared_dw : block_dw;
+  if (want_dw) {
+    for (int64_t i = threadIdx.x; i < d; i += kThreads) my_dw[i] = 0;
+  }
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const T* dyr = dy + row * d;
     const T* xr = x + row * d;
@@ -83,18 +98,31 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
       const float h = to_f(xr[i]) * r;
       const float g = round_to<T>(to_f(dyr[i]) * to_f(w[i]));
       dxr[i] = from_f<T>(r * (g - h * dot));
-      my_dw[i] += to_f(dyr[i]) * round_to<T>(h);
+      if (want_dw) my_dw[i] += to_f(dyr[i]) * round_to<T>(h);
     }
+  }
+  if (want_dw && my_dw != block_dw) {
+    for (int64_t i = threadIdx.x; i < d; i += kThreads) block_dw[i] = my_dw[i];
   }
 }
 
+// out[c] = the sum of partial's `blocks` rows in column c: thread (x, y) of the block for
+// columns 32 b .. 32 b + 31 sums rows y, y + kSumRows, ... of its column (a warp reads 128
+// contiguous bytes), then the kSumRows sums of each column are added.
 __global__ void sum_blocks_kernel(const float* __restrict__ partial, float* __restrict__ out,
                                   int64_t blocks, int64_t d) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= d) return;
+  __shared__ float sums[kSumRows][33];  // 33: no bank conflicts
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
   float s = 0;
-  for (int64_t b = 0; b < blocks; ++b) s += partial[b * d + i];
-  out[i] = s;
+  if (c < d) {
+    for (int64_t b = threadIdx.y; b < blocks; b += kSumRows) s += partial[b * d + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < d) {
+    for (int y = 1; y < kSumRows; ++y) s += sums[y][threadIdx.x];
+    out[c] = s;
+  }
 }
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
@@ -205,14 +233,21 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
                               const float* rstd, void* dx, float* dweight, float* workspace,
                               int64_t n, int64_t d, cudaStream_t stream) {
   if (d == 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>(std::max<int64_t>(n, 1), kBackwardBlocks);
+  const bool want_dw = dweight != nullptr;
+  if (n == 0) {  // no rows: dx is empty, the weight's gradient zero
+    return want_dw ? cudaMemsetAsync(dweight, 0, d * sizeof(float), stream) : cudaSuccess;
+  }
+  const int64_t blocks = std::min<int64_t>(n, kBackwardBlocks);
+  const size_t shared = want_dw && d <= kSharedDwColumns ? d * sizeof(float) : 0;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+    rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
-        static_cast<T*>(dx), workspace, n, d);
-    sum_blocks_kernel<<<static_cast<unsigned>((d + kThreads - 1) / kThreads), kThreads, 0,
-                        stream>>>(workspace, dweight, blocks, d);
+        static_cast<T*>(dx), want_dw ? workspace : nullptr, n, d);
+    if (want_dw) {
+      sum_blocks_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream>>>(
+          workspace, dweight, blocks, d);
+    }
   });
 }
 
