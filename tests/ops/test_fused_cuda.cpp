@@ -46,11 +46,12 @@ TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
 TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
   FSDP_SKIP_WITHOUT_GPU();
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    // Rows of 3, 1000 and 2048; 51 rows (a block each) and 1200 (several per block of the
-    // backward's 512, whose blocks then sum their weight-gradient parts); rows of 16384, wider
-    // than a block's shared memory holds (the parts then add up in global memory).
+    // Rows of 3, 1000, 1001 (single elements: no 16-byte packs) and 2048; 51 rows (a block each)
+    // and 1200 (several per block of the backward's 512, whose blocks then sum their
+    // weight-gradient parts); rows of 16384, wider than a block's shared memory holds (the parts
+    // then add up in global memory).
     for (auto [rows, d] : std::vector<std::pair<int64_t, int64_t>>{
-             {51, 3}, {51, 1000}, {51, 2048}, {1200, 2048}, {600, 16384}}) {
+             {51, 3}, {51, 1000}, {51, 1001}, {51, 2048}, {1200, 2048}, {600, 16384}}) {
       torch::manual_seed(5);
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
       auto x = (torch::randn({rows, d}) * 3).to(opts);
@@ -80,16 +81,18 @@ TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
 
 // The residual add fused with the norm after it, h used again after (as the layer's second
 // residual): h bit for bit (one rounded add), the norm and the gradients of x, y and the weight
-// as RMSNorm's. Also with the norm's output alone used (h gets no other gradient).
+// as RMSNorm's. Also with the norm's output alone used (h gets no other gradient), and rows of
+// 1001 (single elements, no 16-byte packs).
 TEST(FusedCuda, AddRmsNormEqualsTheAddThenTheNorm) {
   FSDP_SKIP_WITHOUT_GPU();
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (bool h_used : {true, false}) {
+    for (auto [h_used, d] : {std::pair{true, int64_t{1000}}, std::pair{false, int64_t{1000}},
+                             std::pair{true, int64_t{1001}}}) {
       torch::manual_seed(11);
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      auto x = (torch::randn({3, 67, 1000}) * 2).to(opts), y = torch::randn({3, 67, 1000}).to(opts);
-      auto w = (torch::rand({1000}) + 0.5).to(opts);
-      auto gh = torch::randn({3, 67, 1000}).to(opts), gn = torch::randn({3, 67, 1000}).to(opts);
+      auto x = (torch::randn({3, 67, d}) * 2).to(opts), y = torch::randn({3, 67, d}).to(opts);
+      auto w = (torch::rand({d}) + 0.5).to(opts);
+      auto gh = torch::randn({3, 67, d}).to(opts), gn = torch::randn({3, 67, d}).to(opts);
       auto xa = x.clone().requires_grad_(), ya = y.clone().requires_grad_(),
            wa = w.clone().requires_grad_();
       auto xb = x.clone().requires_grad_(), yb = y.clone().requires_grad_(),
@@ -104,7 +107,8 @@ TEST(FusedCuda, AddRmsNormEqualsTheAddThenTheNorm) {
         (na * gn).sum().backward();
         (nb * gn).sum().backward();
       }
-      const auto where = ::testing::Message() << c10::toString(dtype) << " h used " << h_used;
+      const auto where = ::testing::Message()
+                         << c10::toString(dtype) << " h used " << h_used << " d " << d;
       const auto tol = tolerance(dtype);
       EXPECT_TRUE(ha.equal(hb)) << where;
       EXPECT_LT(rel_diff(na, nb), tol) << where;
@@ -128,23 +132,42 @@ TEST(FusedCuda, AddRmsNormEqualsTheAddThenTheNorm) {
 
 TEST(FusedCuda, SwigluEqualsSiluTimesUp) {
   FSDP_SKIP_WITHOUT_GPU();
+  // 33 x 512 x 1025 elements: 16-byte packs. 33 x 511 x 1025 (odd) and the same starting one
+  // element in (not on a 16-byte boundary): single elements, over 17.2M of them, more than the
+  // grid's 65535 blocks of 256 cover in one pass.
+  struct Case {
+    std::vector<int64_t> shape;
+    bool offset;
+  };
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    torch::manual_seed(6);
-    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-    // 17.3M elements: more than the grid's 65535 blocks of 256 cover in one pass.
-    auto gate = (torch::randn({33, 512, 1025}) * 4).to(opts);
-    auto up = torch::randn({33, 512, 1025}).to(opts);
-    auto dout = torch::randn({33, 512, 1025}).to(opts);
-    auto ga = gate.clone().requires_grad_(), ua = up.clone().requires_grad_();
-    auto gb = gate.clone().requires_grad_(), ub = up.clone().requires_grad_();
-    auto oa = ops::swiglu(ga, ua);
-    auto ob = at::silu(gb) * ub;
-    oa.backward(dout);
-    ob.backward(dout);
-    const auto tol = tolerance(dtype);
-    EXPECT_LT(rel_diff(oa, ob), tol) << c10::toString(dtype);
-    EXPECT_LT(rel_diff(ga.grad(), gb.grad()), tol) << c10::toString(dtype);
-    EXPECT_LT(rel_diff(ua.grad(), ub.grad()), tol) << c10::toString(dtype);
+    for (const auto& c : {Case{{33, 512, 1025}, false}, Case{{33, 511, 1025}, false},
+                          Case{{33, 512, 1025}, true}}) {
+      torch::manual_seed(6);
+      const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      // A contiguous tensor of the shape, starting `offset` elements into its storage.
+      const auto make = [&](const at::Tensor& values) {
+        const int64_t n = values.numel(), skip = c.offset ? 1 : 0;
+        auto storage = at::empty({n + skip}, opts);
+        auto t = storage.narrow(0, skip, n).view(c.shape);
+        t.copy_(values);
+        return t;
+      };
+      auto gate = make(torch::randn(c.shape) * 4), up = make(torch::randn(c.shape));
+      auto dout = make(torch::randn(c.shape));
+      auto ga = gate.detach().requires_grad_(), ua = up.detach().requires_grad_();
+      auto gb = gate.clone().requires_grad_(), ub = up.clone().requires_grad_();
+      auto oa = ops::swiglu(ga, ua);
+      auto ob = at::silu(gb) * ub;
+      oa.backward(dout);
+      ob.backward(dout);
+      const auto where = ::testing::Message()
+                         << c10::toString(dtype) << " " << c10::IntArrayRef(c.shape) << " offset "
+                         << c.offset;
+      const auto tol = tolerance(dtype);
+      EXPECT_LT(rel_diff(oa, ob), tol) << where;
+      EXPECT_LT(rel_diff(ga.grad(), gb.grad()), tol) << where;
+      EXPECT_LT(rel_diff(ua.grad(), ub.grad()), tol) << where;
+    }
   }
 }
 

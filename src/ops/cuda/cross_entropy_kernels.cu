@@ -17,11 +17,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 18;
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
 // A running softmax denominator: every value seen is <= m, and s = sum(exp(value - m)).
 struct MaxSum {
   float m, s;

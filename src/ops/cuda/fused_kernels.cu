@@ -1,6 +1,8 @@
 // fused_kernels.h: RMSNorm (one block per row, a warp-shuffle reduction), SwiGLU and the rotary
 // embedding (grid-stride elementwise loops; the rotary one a thread per pair of elements i and
-// i + d/2), forward and backward, for float, bfloat16 and half.
+// i + d/2), forward and backward, for float, bfloat16 and half. RMSNorm and SwiGLU read and
+// write 16-byte packs where the lengths and pointers allow (a warp moves 512 bytes per
+// instruction instead of 64 or 128), single elements elsewhere.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,72 +39,109 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+// The norm's kernels read and write a row as packs of N elements (16 bytes where the row length
+// and the pointers allow, else N = 1); a thread takes packs threadIdx.x, + kThreads, ...
+
 // With kResidual, the row normalised is h = cast(x + y), which is also written out (the fused
 // residual add); otherwise h is x.
-template <typename T, bool kResidual>
+template <typename T, bool kResidual, int N>
 __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ y,
                                         T* __restrict__ h, const T* __restrict__ w,
                                         T* __restrict__ out, float* __restrict__ rstd, int64_t n,
                                         int64_t d, float eps) {
+  using P = Pack<T, N>;
+  const int64_t packs = d / N;
+  const P* wp = reinterpret_cast<const P*>(w);
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {  // uniform over the block
-    const T* xr = x + row * d;
-    T* outr = out + row * d;
+    const P* xr = reinterpret_cast<const P*>(x + row * d);
+    P* hr = reinterpret_cast<P*>(kResidual ? h + row * d : nullptr);
+    P* outr = reinterpret_cast<P*>(out + row * d);
     float sumsq = 0;
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-      float v = to_f(xr[i]);
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      P v = xr[i];
       if (kResidual) {
-        const T sum = from_f<T>(__fadd_rn(v, to_f(y[row * d + i])));
-        h[row * d + i] = sum;  // read back below by this thread alone
-        v = to_f(sum);
+        const P yv = reinterpret_cast<const P*>(y + row * d)[i];
+#pragma unroll
+        for (int k = 0; k < N; ++k) v.v[k] = from_f<T>(__fadd_rn(to_f(v.v[k]), to_f(yv.v[k])));
+        hr[i] = v;  // read back below by this thread alone
       }
-      sumsq += v * v;
+#pragma unroll
+      for (int k = 0; k < N; ++k) sumsq += to_f(v.v[k]) * to_f(v.v[k]);
     }
     const float r = rsqrtf(block_sum(sumsq) / static_cast<float>(d) + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    const T* hr = kResidual ? h + row * d : xr;
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+    const P* normed = kResidual ? hr : xr;
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      const P v = normed[i], wv = wp[i];
+      P o;
       // LlamaRMSNorm: the normalised value cast to the input's dtype, then times the weight.
-      outr[i] = from_f<T>(to_f(w[i]) * round_to<T>(to_f(hr[i]) * r));
+#pragma unroll
+      for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(wv.v[k]) * round_to<T>(to_f(v.v[k]) * r));
+      outr[i] = o;
     }
   }
 }
 
 // dx, and (partial_dw not null) the block's rows' weight-gradient parts in its row of
-// partial_dw. Thread t owns the columns t, t + kThreads, ...: no two threads touch one part, so
-// the parts need no barrier.
-template <typename T>
+// partial_dw. A thread owns the columns of its packs: no two threads touch one part, so the
+// parts need no barrier.
+template <typename T, int N>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                          const T* __restrict__ w, const float* __restrict__ rstd,
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          int64_t n, int64_t d) {
+  using P = Pack<T, N>;
   extern __shared__ float shared_dw[];  // d floats where d <= kSharedDwColumns and dw is wanted
-  const bool want_dw = partial_dw != nullptr;
+  const bool want_dw = partial_dw != nullptr, in_shared = d <= kSharedDwColumns;
+  const int64_t packs = d / N;
   float* const block_dw = want_dw ? partial_dw + blockIdx.x * d : nullptr;
-  float* const my_dw = d <= kSharedDwColumns ? shared_dw : block_dw;
+  // The part of column i N + k: in shared memory k-major, so that the threads of a warp (packs
+  // i, i + 1, ...) hit consecutive banks (in column order, N-way bank conflicts); in the
+  // workspace in column order.
+  const auto part = [&](int64_t i, int k) -> float& {
+    return in_shared ? shared_dw[k * packs + i] : block_dw[i * N + k];
+  };
+  const P* wp = reinterpret_cast<const P*>(w);
   if (want_dw) {
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) my_dw[i] = 0;
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) part(i, k) = 0;
+    }
   }
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
-    const T* dyr = dy + row * d;
-    const T* xr = x + row * d;
-    T* dxr = dx + row * d;
+    const P* dyr = reinterpret_cast<const P*>(dy + row * d);
+    const P* xr = reinterpret_cast<const P*>(x + row * d);
+    P* dxr = reinterpret_cast<P*>(dx + row * d);
     const float r = rstd[row];
     // d(loss)/d(normalised) = dy * w in the dtype (the twin's product), then float32.
     float dot = 0;
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-      const float g = round_to<T>(to_f(dyr[i]) * to_f(w[i]));
-      dot += g * to_f(xr[i]) * r;
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      const P dyv = dyr[i], xv = xr[i], wv = wp[i];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float g = round_to<T>(to_f(dyv.v[k]) * to_f(wv.v[k]));
+        dot += g * to_f(xv.v[k]) * r;
+      }
     }
     dot = block_sum(dot) / static_cast<float>(d);
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) {
-      const float h = to_f(xr[i]) * r;
-      const float g = round_to<T>(to_f(dyr[i]) * to_f(w[i]));
-      dxr[i] = from_f<T>(r * (g - h * dot));
-      if (want_dw) my_dw[i] += to_f(dyr[i]) * round_to<T>(h);
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      const P dyv = dyr[i], xv = xr[i], wv = wp[i];
+      P dxv;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float hv = to_f(xv.v[k]) * r;
+        const float g = round_to<T>(to_f(dyv.v[k]) * to_f(wv.v[k]));
+        dxv.v[k] = from_f<T>(r * (g - hv * dot));
+        if (want_dw) part(i, k) += to_f(dyv.v[k]) * round_to<T>(hv);
+      }
+      dxr[i] = dxv;
     }
   }
-  if (want_dw && my_dw != block_dw) {
-    for (int64_t i = threadIdx.x; i < d; i += kThreads) block_dw[i] = my_dw[i];
+  if (want_dw && in_shared) {  // each thread copies out the parts it summed, in column order
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) block_dw[i * N + k] = shared_dw[k * packs + i];
+    }
   }
 }
 
@@ -127,29 +166,53 @@ __global__ void sum_blocks_kernel(const float* __restrict__ partial, float* __re
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
+// silu(gate) is a tensor of the dtype in the twin, then times up.
 template <typename T>
+__device__ __forceinline__ T swiglu(float g, float u) {
+  return from_f<T>(round_to<T>(g * sigmoid(g)) * u);
+}
+
+// The gradients of gate and up from the output's, `go`.
+template <typename T>
+__device__ __forceinline__ void swiglu_grads(float g, float u, float go, T& dgate, T& dup) {
+  const float s = sigmoid(g);
+  const float a = round_to<T>(g * s);    // silu(gate) in the dtype
+  const float da = round_to<T>(go * u);  // the product's gradient to silu(gate)
+  dup = from_f<T>(go * a);
+  dgate = from_f<T>(da * s * (1.0f + g * (1.0f - s)));
+}
+
+// Over `packs` packs of N elements (N 1: single elements).
+template <typename T, int N>
 __global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up,
-                                      T* __restrict__ out, int64_t numel) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
+                                      T* __restrict__ out, int64_t packs) {
+  using P = Pack<T, N>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = to_f(gate[i]);
-    // silu(gate) is a tensor of the dtype in the twin, then times up.
-    out[i] = from_f<T>(round_to<T>(g * sigmoid(g)) * to_f(up[i]));
+    const P g = reinterpret_cast<const P*>(gate)[i], u = reinterpret_cast<const P*>(up)[i];
+    P o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = swiglu<T>(to_f(g.v[k]), to_f(u.v[k]));
+    reinterpret_cast<P*>(out)[i] = o;
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __restrict__ gate,
                                        const T* __restrict__ up, T* __restrict__ dgate,
-                                       T* __restrict__ dup, int64_t numel) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
+                                       T* __restrict__ dup, int64_t packs) {
+  using P = Pack<T, N>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = to_f(gate[i]), u = to_f(up[i]), go = to_f(dout[i]);
-    const float s = sigmoid(g);
-    const float a = round_to<T>(g * s);    // silu(gate) in the dtype
-    const float da = round_to<T>(go * u);  // the product's gradient to silu(gate)
-    dup[i] = from_f<T>(go * a);
-    dgate[i] = from_f<T>(da * s * (1.0f + g * (1.0f - s)));
+    const P g = reinterpret_cast<const P*>(gate)[i], u = reinterpret_cast<const P*>(up)[i];
+    const P go = reinterpret_cast<const P*>(dout)[i];
+    P dg, du;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      swiglu_grads<T>(to_f(g.v[k]), to_f(u.v[k]), to_f(go.v[k]), dg.v[k], du.v[k]);
+    }
+    reinterpret_cast<P*>(dgate)[i] = dg;
+    reinterpret_cast<P*>(dup)[i] = du;
   }
 }
 
@@ -208,10 +271,19 @@ cudaError_t rms_norm_forward_rows(DType dtype, const void* x, const void* y, voi
   if (n == 0 || d == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
+    constexpr int kPack = 16 / sizeof(T);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
-    rms_norm_forward_kernel<T, kResidual><<<blocks, kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(h),
-        static_cast<const T*>(weight), static_cast<T*>(out), rstd, n, d, eps);
+    const auto *xs = static_cast<const T*>(x), *ys = static_cast<const T*>(y),
+               *ws = static_cast<const T*>(weight);
+    auto *hs = static_cast<T*>(h), *os = static_cast<T*>(out);
+    // Every row starts on a 16-byte boundary when the first does and a row is whole packs.
+    if (d % kPack == 0 && aligned16(xs, ws, os) && (!kResidual || aligned16(ys, hs))) {
+      rms_norm_forward_kernel<T, kResidual, kPack>
+          <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
+    } else {
+      rms_norm_forward_kernel<T, kResidual, 1>
+          <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
+    }
   });
 }
 
@@ -241,9 +313,19 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
   const size_t shared = want_dw && d <= kSharedDwColumns ? d * sizeof(float) : 0;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
-        static_cast<T*>(dx), want_dw ? workspace : nullptr, n, d);
+    constexpr int kPack = 16 / sizeof(T);
+    const auto *dys = static_cast<const T*>(dy), *xs = static_cast<const T*>(x),
+               *ws = static_cast<const T*>(weight);
+    auto* dxs = static_cast<T*>(dx);
+    float* parts = want_dw ? workspace : nullptr;
+    const auto grid = static_cast<unsigned>(blocks);
+    if (d % kPack == 0 && aligned16(dys, xs, ws, dxs)) {
+      rms_norm_backward_kernel<T, kPack>
+          <<<grid, kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs, parts, n, d);
+    } else {
+      rms_norm_backward_kernel<T, 1>
+          <<<grid, kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs, parts, n, d);
+    }
     if (want_dw) {
       sum_blocks_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream>>>(
           workspace, dweight, blocks, d);
@@ -256,9 +338,19 @@ cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* 
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    swiglu_forward_kernel<T>
-        <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(
-            static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), numel);
+    constexpr int kPack = 16 / sizeof(T);
+    const auto *g = static_cast<const T*>(gate), *u = static_cast<const T*>(up);
+    auto* o = static_cast<T*>(out);
+    if (numel % kPack == 0 && aligned16(g, u, o)) {
+      const int64_t packs = numel / kPack;
+      swiglu_forward_kernel<T, kPack>
+          <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(g, u, o,
+                                                                                      packs);
+    } else {
+      swiglu_forward_kernel<T, 1>
+          <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(g, u, o,
+                                                                                      numel);
+    }
   });
 }
 
@@ -267,10 +359,20 @@ cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, con
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    swiglu_backward_kernel<T>
-        <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(
-            static_cast<const T*>(dout), static_cast<const T*>(gate), static_cast<const T*>(up),
-            static_cast<T*>(dgate), static_cast<T*>(dup), numel);
+    constexpr int kPack = 16 / sizeof(T);
+    const auto *go = static_cast<const T*>(dout), *g = static_cast<const T*>(gate),
+               *u = static_cast<const T*>(up);
+    auto *dg = static_cast<T*>(dgate), *du = static_cast<T*>(dup);
+    if (numel % kPack == 0 && aligned16(go, g, u, dg, du)) {
+      const int64_t packs = numel / kPack;
+      swiglu_backward_kernel<T, kPack>
+          <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(go, g, u, dg,
+                                                                                      du, packs);
+    } else {
+      swiglu_backward_kernel<T, 1>
+          <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(go, g, u, dg,
+                                                                                      du, numel);
+    }
   });
 }
 
