@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "dtype.cuh"
 #include "fused_kernels.h"
@@ -224,17 +226,19 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ dout, const T* __re
 //   dx[i + half] = g[i + half] c[i + half] - g[i] s[i].
 // Each product and each sum rounded to T (the twin's separate ATen ops; __fmul_rn and
 // __fadd_rn keep the compiler from fusing them into one fma, which float32 would round once).
-template <typename T, bool kBackward>
+// I: the index type, unsigned 32-bit where every element offset fits (3 divisions per pair:
+// 64-bit ones are emulated in dozens of instructions each, more than the pair's memory time).
+template <typename T, bool kBackward, typename I>
 __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos,
-                            const T* __restrict__ sin, T* __restrict__ out, int64_t batch,
-                            int64_t seq, int64_t heads, int64_t d, int64_t cos_batch) {
-  const int64_t half = d / 2;
-  const int64_t pairs = batch * seq * heads * half;
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = p % half, row = p / half;  // row of x: (b, s, h)
-    const int64_t s_index = (row / heads) % seq, b_index = row / (heads * seq);
-    const int64_t cs = ((cos_batch == 1 ? 0 : b_index) * seq + s_index) * d;
+                            const T* __restrict__ sin, T* __restrict__ out, I batch, I seq, I heads,
+                            I d, I cos_batch) {
+  const I half = d / 2;
+  const I pairs = batch * seq * heads * half;
+  for (I p = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I row = p / half, i = p - row * half;  // row of x: (b, s, h)
+    const I position = row / heads, b_index = position / seq, s_index = position - b_index * seq;
+    const I cs = ((cos_batch == 1 ? 0 : b_index) * seq + s_index) * d;
     const T* xr = x + row * d;
     const float x1 = to_f(xr[i]), x2 = to_f(xr[i + half]);
     const float c1 = to_f(cos[cs + i]), c2 = to_f(cos[cs + i + half]);
@@ -385,12 +389,23 @@ cudaError_t rope(DType dtype, const void* x, const void* cos, const void* sin, v
   const int64_t pairs = batch * seq * heads * (d / 2);
   if (pairs == 0) return cudaSuccess;
   if (d % 2 != 0 || (cos_batch != 1 && cos_batch != batch)) return cudaErrorInvalidValue;
+  // The largest offset: x's elements (cos and sin have no more), and the grid's stride past it.
+  const bool narrow = batch * seq * heads * d + elementwise_blocks(pairs) * kThreads <
+                      int64_t{std::numeric_limits<uint32_t>::max()};
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    rope_kernel<T, kBackward>
-        <<<static_cast<unsigned>(elementwise_blocks(pairs)), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin),
-            static_cast<T*>(out), batch, seq, heads, d, cos_batch);
+    const auto blocks = static_cast<unsigned>(elementwise_blocks(pairs));
+    const auto *xs = static_cast<const T*>(x), *cs = static_cast<const T*>(cos),
+               *ss = static_cast<const T*>(sin);
+    auto* os = static_cast<T*>(out);
+    if (narrow) {
+      rope_kernel<T, kBackward, uint32_t><<<blocks, kThreads, 0, stream>>>(
+          xs, cs, ss, os, static_cast<uint32_t>(batch), static_cast<uint32_t>(seq),
+          static_cast<uint32_t>(heads), static_cast<uint32_t>(d), static_cast<uint32_t>(cos_batch));
+    } else {
+      rope_kernel<T, kBackward, int64_t>
+          <<<blocks, kThreads, 0, stream>>>(xs, cs, ss, os, batch, seq, heads, d, cos_batch);
+    }
   });
 }
 
