@@ -163,16 +163,17 @@ __global__ void column_scales_kernel(float* __restrict__ scale, int64_t cols, Fl
   if (c < cols) scale[c] = power_of_2_scale(scale_of(scale[c], f));
 }
 
-// Axis 0, the cast: element i of a row-major [rows, cols] takes its column's scale.
+// Axis 0, the cast: a thread per column (its scale read once), down the rows blockIdx.y,
+// + gridDim.y, ... (no division per element; a warp writes consecutive columns).
 template <typename T>
 __global__ void cast_columns_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                     Float8Format f, const float* __restrict__ scale,
                                     __nv_fp8_storage_t* __restrict__ out) {
-  const int64_t numel = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < numel;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = to_fp8(x[i], scale[i % cols], f);
-  }
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const float s = scale[c];
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    out[r * cols + c] = to_fp8(x[r * cols + c], s, f);
 }
 
 unsigned grid_for(int64_t numel) {
@@ -243,8 +244,8 @@ cudaError_t float8_cast_axiswise(DType dtype, Float8Format format, const void* x
     column_abs_max_kernel<T>
         <<<grid, kThreads, 0, stream>>>(xs, rows, cols, reinterpret_cast<unsigned*>(scale));
     column_scales_kernel<<<column_blocks, kThreads, 0, stream>>>(scale, cols, format);
-    cast_columns_kernel<T>
-        <<<grid_for(rows * cols), kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
+    const dim3 cast_grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(rows, 1024)));
+    cast_columns_kernel<T><<<cast_grid, kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
   });
 }
 
