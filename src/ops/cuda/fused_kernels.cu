@@ -21,10 +21,11 @@ constexpr int kThreads = 256;
 // its own row of the workspace, which a second kernel sums over the blocks. 512 keeps about four
 // blocks of 256 threads on each of an H100's or H200's 132 SMs (256 left half of them idle).
 constexpr int64_t kBackwardBlocks = 512;
-// Up to this many columns (48 KB of floats, the shared memory a block gets without opting in)
-// a block keeps its weight-gradient parts in shared memory; wider rows keep them in the
-// workspace (global memory: a read and a write per element and row).
-constexpr int64_t kSharedDwColumns = 48 * 1024 / sizeof(float);
+// Up to this many columns a block keeps its weight-gradient parts in shared memory; wider rows
+// keep them in the workspace (global memory: a read and a write per element and row). A block
+// gets 48 KB of shared memory without opting in, static (block_sum's 32 bytes) and dynamic
+// together: 47 KB of floats leaves the static part room.
+constexpr int64_t kSharedDwColumns = 47 * 1024 / sizeof(float);
 // The workspace's sum: a block per 32 columns, kSumRows rows of 32 threads.
 constexpr int kSumRows = 8;
 
