@@ -98,15 +98,17 @@ else
   echo "install_deps: (the CUDA 13.0 wheel and its nvidia-* libraries: about 3 GB to download)"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
   # uv (PyPI's, pinned) installs the same packages as pip, downloading in parallel: measured on
-  # a 2-core machine with nothing cached, 20 s against pip's 78 s. pip installs them where uv
+  # a 2-core machine with nothing cached, 26 s against pip's 78 s. pip installs them where uv
   # cannot be had or fails, and where pip is configured with an index of its own (a mirror: uv
-  # does not read pip's configuration).
+  # does not read pip's configuration). --compile-bytecode, as pip does: uv does not by
+  # default, and where PYTHONDONTWRITEBYTECODE is set (CI's machines) every Python start then
+  # compiled torch afresh: import torch took 3.0 s instead of 1.5, and ctest 40% longer.
   : > /tmp/fsdp_pip.log
   installed=""
   if ! "$venv/bin/python" -m pip config list 2>/dev/null | grep -q "index-url" &&
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "uv==$uv_version" \
       >>/tmp/fsdp_pip.log 2>&1; then
-    "$venv/bin/uv" pip install -q --system-certs --python "$venv/bin/python" \
+    "$venv/bin/uv" pip install -q --compile-bytecode --system-certs --python "$venv/bin/python" \
       "${python_packages[@]}" >>/tmp/fsdp_pip.log 2>&1 && installed=uv ||
       echo "install_deps: uv failed (/tmp/fsdp_pip.log); installing with pip"
   fi
