@@ -22,6 +22,19 @@ fail=0
 
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 
+# after SECONDS COMMAND: runs COMMAND (a string, eval'd) in the background after SECONDS unless
+# stopped first (kill "$after_pid"); sets after_pid. The sleep must neither hold the test's
+# output open nor outlive the job: ctest waits for whoever holds the output, and a forgotten
+# sleep kept this test 150 s past its end. Stopped, it ends its sleep and leaves without running
+# COMMAND (which must not go on to kill a reused pid).
+after() {
+  local secs="$1" cmd="$2"
+  ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    sleep "$secs" & nap=$!
+    wait "$nap" && eval "$cmd" ) > /dev/null 2>&1 &
+  after_pid=$!
+}
+
 # run LABEL COMMAND...: runs it under a hard cap; sets rc, secs, log. A job still running at the
 # limit has its processes listed into the log before the cap kills it (state, kernel wait
 # channel, age), so that a hang says which process hung: once, on a 2-core machine at ctest -j 3,
@@ -30,10 +43,10 @@ run() {
   local label="$1"; shift
   local t0=$EPOCHREALTIME
   : > "$tmp/log"
-  ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
-    sleep "$limit" & nap=$!
-    wait "$nap" && { echo "--- still running after ${limit} s:"
-                     ps -eo pid,ppid,stat,wchan:24,etime,args | grep -E "failing_rank|orted|mpirun|launch.sh" | grep -v grep; } >> "$tmp/log" ) > /dev/null 2>&1 & local lister=$!
+  after "$limit" '{ echo "--- still running after ${limit} s:"
+                    ps -eo pid,ppid,stat,wchan:24,etime,args |
+                      grep -E "failing_rank|orted|mpirun|launch.sh" | grep -v grep; } >> "$tmp/log"'
+  local lister=$after_pid
   timeout -k 5 $((limit + 30)) "$@" >> "$tmp/log" 2>&1
   rc=$?
   kill "$lister" 2>/dev/null; wait "$lister" 2>/dev/null
@@ -105,12 +118,8 @@ for np in 2 4; do
     victim=$(pgrep -n -f -- "--seed 4242")
     t0=$EPOCHREALTIME
     kill -9 "$victim"
-    # The cap's sleep must neither hold the test's output open nor outlive the job: ctest waits
-    # for whoever holds the output, and a forgotten sleep kept this test 150 s past its end.
-    # Stopped, the cap ends its sleep and leaves (it must not go on to kill a reused pid).
-    ( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
-      sleep $((limit + 30)) & nap=$!
-      wait "$nap" && kill -9 "$job" 2>/dev/null ) > /dev/null 2>&1 & cap=$!
+    after $((limit + 30)) 'kill -9 "$job"'
+    cap=$after_pid
     wait "$job"; rc=$?
     kill "$cap" 2>/dev/null; wait "$cap" 2>/dev/null
     secs=$(elapsed "$t0")
