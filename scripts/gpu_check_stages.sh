@@ -337,21 +337,19 @@ L = sys.argv[1]
 def read(name):
     p = os.path.join(L, name)
     return open(p).read() if os.path.exists(p) else ""
+def tok_s(name):  # the trainer's median tokens/s in its log, 0 if it has none
+    m = re.search(r"median ([0-9.]+) tok/s", read(name))
+    return float(m.group(1)) if m else 0.0
 fast = [json.loads(l) for l in read("minillm_fast.jsonl").splitlines() if l.strip()]
-tps = re.search(r"median ([0-9.]+) tok/s", read("minillm_fast.log"))
 attn = [json.loads(l) for l in read("minillm_fast_attn.jsonl").splitlines() if l.strip()]
-tps_attn = re.search(r"median ([0-9.]+) tok/s", read("minillm_fast_attn.log"))
 res = dict(re.findall(r"(\w+)=([0-9.]+)", (re.findall(r"RESULT .*", read("reference_fsdp2.log")) or [""])[-1]))
 py = [float(m.group(1)) for m in re.finditer(r"^step \d+ loss (\S+)", read("reference_fsdp2.log"), re.M)]
 worst = max((abs(a - b["loss"]) / abs(a) for run in (fast, attn) for a, b in zip(py, run)),
             default=float("nan"))
-mine, theirs = float(tps.group(1)) if tps else 0.0, float(res.get("tokens_per_s", 0))
-mine_attn = float(tps_attn.group(1)) if tps_attn else 0.0
+mine, theirs = tok_s("minillm_fast.log"), float(res.get("tokens_per_s", 0))
+mine_attn = tok_s("minillm_fast_attn.log")
 peak = max((c["peak_mem_bytes"] for c in fast), default=0) / 2**20
 peak_attn = max((c["peak_mem_bytes"] for c in attn), default=0) / 2**20
-def tok_s(name):
-    m = re.search(r"median ([0-9.]+) tok/s", read(name))
-    return float(m.group(1)) if m else 0.0
 plain, bare = tok_s("reference_cpp.log"), tok_s("minillm_nokernels.log")
 print(f"kernels {plain:.0f} tok/s, without {bare:.0f}: {plain / bare if bare else 0:.2f}x; "
       f"FSDP2 {theirs:.0f} | ", end="")

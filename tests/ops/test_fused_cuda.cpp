@@ -45,6 +45,15 @@ TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
   if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
 }
 
+// `values` copied to a contiguous tensor of `opts`, starting one element into its storage when
+// `offset` (then off a 16-byte boundary: the kernels' single-element paths).
+at::Tensor stored(const at::Tensor& values, const at::TensorOptions& opts, bool offset) {
+  const int64_t n = values.numel(), skip = offset ? 1 : 0;
+  auto t = at::empty({n + skip}, opts).narrow(0, skip, n).view(values.sizes());
+  t.copy_(values);
+  return t;
+}
+
 // The device memory `f` allocates at its peak beyond what was allocated before it.
 int64_t peak_rise(const std::function<void()>& f) {
   const int device = c10::cuda::current_device();
@@ -74,13 +83,7 @@ TEST(FusedCuda, RmsNormEqualsLlamasFormula) {
                                               << d << " offset " << offset;
       torch::manual_seed(5);
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      // A contiguous [rows, d] starting `offset` elements into its storage.
-      const auto make = [&](const at::Tensor& values) {
-        auto storage = at::empty({rows * d + (offset ? 1 : 0)}, opts);
-        auto t = storage.narrow(0, offset ? 1 : 0, rows * d).view({rows, d});
-        t.copy_(values);
-        return t;
-      };
+      const auto make = [&](const at::Tensor& values) { return stored(values, opts, offset); };
       auto x = make(torch::randn({rows, d}) * 3);
       auto w = (torch::rand({d}) + 0.5).to(opts);
       auto dy = make(torch::randn({rows, d}));
@@ -167,14 +170,7 @@ TEST(FusedCuda, SwigluEqualsSiluTimesUp) {
                           Case{{33, 512, 1025}, true}}) {
       torch::manual_seed(6);
       const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      // A contiguous tensor of the shape, starting `offset` elements into its storage.
-      const auto make = [&](const at::Tensor& values) {
-        const int64_t n = values.numel(), skip = c.offset ? 1 : 0;
-        auto storage = at::empty({n + skip}, opts);
-        auto t = storage.narrow(0, skip, n).view(c.shape);
-        t.copy_(values);
-        return t;
-      };
+      const auto make = [&](const at::Tensor& values) { return stored(values, opts, c.offset); };
       auto gate = make(torch::randn(c.shape) * 4), up = make(torch::randn(c.shape));
       auto dout = make(torch::randn(c.shape));
       auto ga = gate.detach().requires_grad_(), ua = up.detach().requires_grad_();

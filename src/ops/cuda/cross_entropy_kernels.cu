@@ -125,16 +125,14 @@ cudaError_t cross_entropy_rows(DType dtype, void* logits, int64_t rows, int64_t 
   const auto blocks = static_cast<unsigned>(std::min(rows, kMaxBlocks));
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    constexpr int kPack = 16 / sizeof(T);
     auto* p = static_cast<T*>(logits);
-    // Every row starts on a 16-byte boundary when the first does and a row is whole packs.
-    if (vocab % kPack == 0 && reinterpret_cast<std::uintptr_t>(p) % 16 == 0) {
-      cross_entropy_rows_kernel<T, kPack><<<blocks, kThreads, 0, stream>>>(
-          p, rows, vocab, index, here, counted, inv_count, lse_in, target_in, loss, grad);
-    } else {
-      cross_entropy_rows_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(
-          p, rows, vocab, index, here, counted, inv_count, lse_in, target_in, loss, grad);
-    }
+    by_pack<T>(
+        vocab,
+        [&](auto n) {
+          cross_entropy_rows_kernel<T, decltype(n)::value><<<blocks, kThreads, 0, stream>>>(
+              p, rows, vocab, index, here, counted, inv_count, lse_in, target_in, loss, grad);
+        },
+        p);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fused_kernels.h"
 
@@ -51,11 +52,18 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-// Whether every pointer is on a 16-byte boundary: the packed path's condition (with a length
-// that divides into packs).
-template <typename... P>
-inline bool aligned16(const P*... p) {
-  return ((reinterpret_cast<std::uintptr_t>(p) % 16 == 0) && ...);
+// The packed kernels' choice, in one place: calls f(std::integral_constant<int, N>{}) with N the
+// elements of T in 16 bytes when `length` divides into such packs and every pointer in `p` is
+// on a 16-byte boundary (null is), else with N = 1. Rows of `length` elements then all start on
+// a boundary when the first does.
+template <typename T, typename F, typename... Ptr>
+inline void by_pack(int64_t length, F&& f, const Ptr*... p) {
+  constexpr int kPack = 16 / sizeof(T);
+  if (length % kPack == 0 && ((reinterpret_cast<std::uintptr_t>(p) % 16 == 0) && ...)) {
+    f(std::integral_constant<int, kPack>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
 }
 
 template <typename F>

@@ -276,19 +276,17 @@ cudaError_t rms_norm_forward_rows(DType dtype, const void* x, const void* y, voi
   if (n == 0 || d == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    constexpr int kPack = 16 / sizeof(T);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
     const auto *xs = static_cast<const T*>(x), *ys = static_cast<const T*>(y),
                *ws = static_cast<const T*>(weight);
     auto *hs = static_cast<T*>(h), *os = static_cast<T*>(out);
-    // Every row starts on a 16-byte boundary when the first does and a row is whole packs.
-    if (d % kPack == 0 && aligned16(xs, ws, os) && (!kResidual || aligned16(ys, hs))) {
-      rms_norm_forward_kernel<T, kResidual, kPack>
-          <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
-    } else {
-      rms_norm_forward_kernel<T, kResidual, 1>
-          <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
-    }
+    by_pack<T>(
+        d,
+        [&](auto pack) {
+          rms_norm_forward_kernel<T, kResidual, decltype(pack)::value>
+              <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
+        },
+        xs, ys, hs, ws, os);  // y and h null without the residual
   });
 }
 
@@ -318,19 +316,18 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
   const size_t shared = want_dw && d <= kSharedDwColumns ? d * sizeof(float) : 0;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    constexpr int kPack = 16 / sizeof(T);
     const auto *dys = static_cast<const T*>(dy), *xs = static_cast<const T*>(x),
                *ws = static_cast<const T*>(weight);
     auto* dxs = static_cast<T*>(dx);
     float* parts = want_dw ? workspace : nullptr;
-    const auto grid = static_cast<unsigned>(blocks);
-    if (d % kPack == 0 && aligned16(dys, xs, ws, dxs)) {
-      rms_norm_backward_kernel<T, kPack>
-          <<<grid, kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs, parts, n, d);
-    } else {
-      rms_norm_backward_kernel<T, 1>
-          <<<grid, kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs, parts, n, d);
-    }
+    by_pack<T>(
+        d,
+        [&](auto pack) {
+          rms_norm_backward_kernel<T, decltype(pack)::value>
+              <<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs,
+                                                                            parts, n, d);
+        },
+        dys, xs, ws, dxs);
     if (want_dw) {
       sum_blocks_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream>>>(
           workspace, dweight, blocks, d);
@@ -343,19 +340,17 @@ cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* 
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    constexpr int kPack = 16 / sizeof(T);
     const auto *g = static_cast<const T*>(gate), *u = static_cast<const T*>(up);
     auto* o = static_cast<T*>(out);
-    if (numel % kPack == 0 && aligned16(g, u, o)) {
-      const int64_t packs = numel / kPack;
-      swiglu_forward_kernel<T, kPack>
-          <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(g, u, o,
-                                                                                      packs);
-    } else {
-      swiglu_forward_kernel<T, 1>
-          <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(g, u, o,
-                                                                                      numel);
-    }
+    by_pack<T>(
+        numel,
+        [&](auto pack) {
+          const int64_t packs = numel / decltype(pack)::value;
+          swiglu_forward_kernel<T, decltype(pack)::value>
+              <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(g, u, o,
+                                                                                          packs);
+        },
+        g, u, o);
   });
 }
 
@@ -364,20 +359,18 @@ cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, con
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    constexpr int kPack = 16 / sizeof(T);
     const auto *go = static_cast<const T*>(dout), *g = static_cast<const T*>(gate),
                *u = static_cast<const T*>(up);
     auto *dg = static_cast<T*>(dgate), *du = static_cast<T*>(dup);
-    if (numel % kPack == 0 && aligned16(go, g, u, dg, du)) {
-      const int64_t packs = numel / kPack;
-      swiglu_backward_kernel<T, kPack>
-          <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(go, g, u, dg,
-                                                                                      du, packs);
-    } else {
-      swiglu_backward_kernel<T, 1>
-          <<<static_cast<unsigned>(elementwise_blocks(numel)), kThreads, 0, stream>>>(go, g, u, dg,
-                                                                                      du, numel);
-    }
+    by_pack<T>(
+        numel,
+        [&](auto pack) {
+          const int64_t packs = numel / decltype(pack)::value;
+          swiglu_backward_kernel<T, decltype(pack)::value>
+              <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(
+                  go, g, u, dg, du, packs);
+        },
+        go, g, u, dg, du);
   });
 }
 
