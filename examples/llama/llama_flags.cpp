@@ -5,10 +5,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 
 #include "choice_flag.h"
+#include "flag_checks.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
 #include "text_prompt.h"
@@ -89,9 +89,10 @@ void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch) {
     app.add_option("--tokens-dtype", o.tokens_dtype,
                    "uint16, or uint32 for vocabularies above 65536")
         ->check(CLI::IsMember({"uint16", "uint32"}));
-    app.add_option("--seq", o.train.seq, "Tokens per sequence");
+    app.add_option("--seq", o.train.seq, "Tokens per sequence")->check(trainer::positive());
     app.add_option("--batch", batch,
-                   "Global batch in sequences, split evenly over ranks (default: 8 per rank)");
+                   "Global batch in sequences, split evenly over ranks (default: 8 per rank)")
+        ->check(trainer::positive());
     app.add_option(
         "--loss-mask", o.loss_mask,
         "One byte per token of --data-tokens (scripts/tokenize_chat.py writes it): 1 where "
@@ -104,8 +105,9 @@ void add_data_flags(CLI::App& app, Options& o, std::optional<int64_t>& batch) {
                    "(transformers' position_ids with a block-diagonal causal mask). Without it "
                    "a window's tokens all attend to the ones before them");
   });
-  trainer::add_section(app, "optimizer",
-                       [&] { app.add_option("--steps", o.train.steps, "Training steps"); });
+  trainer::add_section(app, "optimizer", [&] {
+    app.add_option("--steps", o.train.steps, "Training steps")->check(trainer::positive());
+  });
   trainer::add_section(app, "validation", [&] {
     app.add_option("--val-loss-mask", o.val_loss_mask,
                    "One byte per token of --val-tokens: the validation loss is the mean over the "
@@ -148,7 +150,8 @@ void add_export_flags(CLI::App& app, Options& o) {
         "Tokenizer files, or a directory holding them, copied into --export-hf (llama.cpp "
         "needs tokenizer.model)");
     app.add_option("--max-shard-bytes", o.max_shard_bytes,
-                   "--export-hf splits the weights into files of at most this many bytes");
+                   "--export-hf splits the weights into files of at most this many bytes")
+        ->check(trainer::positive());
     app.add_option("--export-adapter", o.export_adapter,
                    "LoRA: after training, write the adapters as a PEFT adapter directory (a new "
                    "one; PeftModel.from_pretrained loads it onto the --hf-dir model); --export-hf "
@@ -157,9 +160,6 @@ void add_export_flags(CLI::App& app, Options& o) {
 }
 
 std::string check_export(const Options& o, bool read_files) {
-  if (o.max_shard_bytes < 1) {
-    return fmt::format("--max-shard-bytes must be positive, got {}", o.max_shard_bytes);
-  }
   // Refused before training: a directory a user saved is never overwritten.
   if (!o.export_hf.empty() && exists(o.export_hf)) {
     return fmt::format("--export-hf {}: exists already; give a new directory", o.export_hf);
@@ -184,7 +184,7 @@ void add_logits_flags(CLI::App& app, Options& o) {
                    "Deprecated (a test aid). With --eval-only: write the "
                    "logits of the first --count validation windows to this safetensors file "
                    "(tensor \"logits\", fp32)");
-    app.add_option("--count", o.count, "Windows --dump-logits writes");
+    app.add_option("--count", o.count, "Windows --dump-logits writes")->check(trainer::positive());
   });
 }
 
@@ -198,7 +198,8 @@ void add_lora_flags(CLI::App& app, Options& o, GivenFlags& given, bool adapter_o
         app.add_option("--lora-rank", o.lora.rank,
                        "LoRA: train low-rank adapters of this rank on --lora-targets, "
                        "every other parameter frozen (PEFT's LoraConfig r; 0: full "
-                       "fine-tuning)");
+                       "fine-tuning)")
+            ->check(trainer::non_negative(" (0: full fine-tuning)"));
     given.lora_alpha = app.add_option("--lora-alpha", o.lora.alpha,
                                       "LoRA: the adapters' update is scaled by alpha / rank");
     given.lora_dropout = app.add_option("--lora-dropout", o.lora.dropout,
@@ -285,8 +286,6 @@ std::string check_lora(const Options& o) {
       return fmt::format("--lora-rank {} --lora-targets {}: {}", o.lora.rank,
                          fmt::join(o.lora.targets, ","), e.what());
     }
-  } else if (o.lora.rank < 0) {
-    return fmt::format("--lora-rank must be >= 0 (0: full fine-tuning), got {}", o.lora.rank);
   }
   const auto& targets = o.lora.targets;
   if (o.train.fused_loss && o.lora.enabled() &&
@@ -356,13 +355,17 @@ void add_generation_flags(CLI::App& app, Options& o, GivenFlags& given) {
                  "turn, with the assistant's turn opened, as transformers' apply_chat_template("
                  "add_generation_prompt=True) does");
     app.add_option("--system", o.system_prompt, "With --chat: a system turn before the user's");
-    app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most");
+    app.add_option("--max-new-tokens", o.max_new_tokens, "Tokens generation adds at most")
+        ->check(trainer::non_negative());
     app.add_option("--temperature", o.temperature,
                    "0: greedy; otherwise sample at this temperature (with --top-k, --top-p, "
-                   "--seed)");
-    app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)");
+                   "--seed)")
+        ->check(trainer::non_negative(" (0: greedy)"));
+    app.add_option("--top-k", o.top_k, "Sample among the k most likely tokens (0: all)")
+        ->check(trainer::non_negative());
     app.add_option("--top-p", o.top_p,
-                   "Sample among the most likely tokens whose probabilities sum to p (1: all)");
+                   "Sample among the most likely tokens whose probabilities sum to p (1: all)")
+        ->check(trainer::in_open_closed(0, 1));
     app.add_flag("--ignore-eos", o.ignore_eos,
                  "Go on past the end-of-sequence ids (by default generation stops after one, as "
                  "transformers' generate: generation_config.json's, else config.json's)");
@@ -402,17 +405,6 @@ std::string check_prompt(const Options& o, const GivenFlags& given) {
 
 std::string check_generation(const Options& o, const GivenFlags& given) {
   if (auto error = check_prompt(o, given); !error.empty()) return error;
-  if (o.max_new_tokens < 0) {
-    return fmt::format("--max-new-tokens must be >= 0, got {}", o.max_new_tokens);
-  }
-  if (!std::isfinite(o.temperature) || o.temperature < 0) {
-    return fmt::format("--temperature must be a finite number >= 0 (0: greedy), got {}",
-                       o.temperature);
-  }
-  if (o.top_k < 0) return fmt::format("--top-k must be >= 0, got {}", o.top_k);
-  if (!(o.top_p > 0 && o.top_p <= 1)) {
-    return fmt::format("--top-p must be in (0, 1], got {}", o.top_p);
-  }
   if (o.train.sp) return "--generate-ids and --sp: one new token does not split over --tp";
   return "";
 }

@@ -61,9 +61,6 @@ struct TrainingFlags {
   std::string finish(int& world) {
     if (auto error = read_lora_adapter(o, given); !error.empty()) return error;
     auto& t = o.train;
-    if (t.plan && t.plan_world < 0) {
-      return fmt::format("--plan-world must be positive, got {}", t.plan_world);
-    }
     if (t.plan && t.plan_world > 0) world = t.plan_world;
     t.plan_world = world;
     t.batch = batch.value_or(8 * (t.tp >= 1 && world % t.tp == 0 ? world / t.tp : world));
@@ -79,7 +76,6 @@ std::string check_training(const Options& o) {
     return "--data-tokens FILE is needed to train (or --eval-only with --val-tokens)";
   }
   if (!o.dump_logits.empty() && !o.train.eval_only) return "--dump-logits needs --eval-only";
-  if (o.count < 1) return fmt::format("--count must be positive, got {}", o.count);
   if (o.train.resume && o.train.eval_only) return "--resume and --eval-only: give one";
   return "";
 }

@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <filesystem>
 #include <map>
 
 #include "choice_flag.h"
+#include "flag_checks.h"
 
 namespace minillm {
 namespace {
@@ -31,13 +31,6 @@ const std::map<std::string, Preset>& presets() {
 
 // MiniLLM's own flags (the loop's are checked by trainer::finish_train_options).
 std::string check(const Options& o) {
-  auto positive = [](int64_t v, const char* flag) -> std::string {
-    return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
-  };
-  for (auto err : {positive(o.model.vocab, "--vocab"), positive(o.model.dim, "--dim"),
-                   positive(o.model.layers, "--layers"), positive(o.model.heads, "--heads")}) {
-    if (!err.empty()) return err;
-  }
   if (o.model.dim % o.model.heads != 0) {
     return fmt::format("--heads must divide --dim: {} heads do not divide dim {}", o.model.heads,
                        o.model.dim);
@@ -90,22 +83,26 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
   trainer::add_section(app, "model", [&] {
     app.add_option("--preset", o.preset, "Sizes to start from")
         ->check(CLI::IsMember({"cpu-small", "reference"}));
-    app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)");
-    app.add_option("--dim", sizes.dim, "Model width");
-    app.add_option("--layers", sizes.layers, "Transformer blocks");
-    app.add_option("--heads", sizes.heads, "Attention heads (must divide --dim)");
+    app.add_option("--vocab", sizes.vocab, "Vocabulary size (>= 256 for text)")
+        ->check(trainer::positive());
+    app.add_option("--dim", sizes.dim, "Model width")->check(trainer::positive());
+    app.add_option("--layers", sizes.layers, "Transformer blocks")->check(trainer::positive());
+    app.add_option("--heads", sizes.heads, "Attention heads (must divide --dim)")
+        ->check(trainer::positive());
   });
   trainer::add_section(app, "data", [&] {
-    app.add_option("--seq", sizes.seq, "Tokens per sequence");
+    app.add_option("--seq", sizes.seq, "Tokens per sequence")->check(trainer::positive());
     app.add_option("--batch", sizes.batch,
                    "Global batch in sequences, split evenly over ranks (preset: 4 per rank for "
-                   "cpu-small, 8 per rank for reference)");
+                   "cpu-small, 8 per rank for reference)")
+        ->check(trainer::positive());
     app.add_option("--data", o.data,
                    fmt::format("'auto' ({} as bytes, else synthetic), 'synthetic', or a text file",
                                kDefaultTextPath));
   });
-  trainer::add_section(app, "optimizer",
-                       [&] { app.add_option("--steps", sizes.steps, "Training steps"); });
+  trainer::add_section(app, "optimizer", [&] {
+    app.add_option("--steps", sizes.steps, "Training steps")->check(trainer::positive());
+  });
   trainer::add_section(app, "checkpoint", [&] {
     app.add_option("--export", o.export_path,
                    "After training, write the whole model to this safetensors file (PyTorch's "
@@ -161,10 +158,6 @@ ParseResult parse(int argc, char** argv, int world_size, bool plan_program) {
   o.model.layers = sizes.layers.value_or(p.model.layers);
   o.model.heads = sizes.heads.value_or(p.model.heads);
   t.seq = sizes.seq.value_or(p.seq);
-  if (t.plan && t.plan_world < 0) {
-    return {std::nullopt, 2,
-            fmt::format("error: --plan-world must be positive, got {}", t.plan_world), ""};
-  }
   // A plan describes another world than the one launched (usually one process).
   if (t.plan && t.plan_world > 0) world_size = t.plan_world;
   t.plan_world = world_size;

@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <sstream>
 
 #include "choice_flag.h"
+#include "flag_checks.h"
 
 namespace trainer {
 
@@ -32,7 +32,15 @@ void add_memory_flags(CLI::App& app, TrainOptions& o) {
                  "Quantized weight all-gather (ZeRO++'s qwZ): every unit gathers its parameters "
                  "as int8 in blocks of this many elements, one float32 scale each, and computes "
                  "with the dequantized weights (about 1/4 of fp32's bytes, 1/2 of bf16's); the "
-                 "shards, gradients and optimizer keep full precision. 0: off");
+                 "shards, gradients and optimizer keep full precision. 0: off")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            int64_t v = 0;
+            if (!CLI::detail::lexical_cast(text, v) || v == 0) return "";
+            if (v >= 4 && v <= (1 << 20) && v % 4 == 0) return "";
+            return "must be a block size, a multiple of 4 in [4, 1048576] (or 0: off), got " + text;
+          },
+          "0 OR 4N"));
   app.add_option("--replicas", o.replicas,
                  "Hybrid sharding (HSDP): replicas of the model, each sharded over world / "
                  "replicas consecutive ranks; gradients are all-reduced across replicas");
@@ -54,30 +62,35 @@ void add_loss_flags(CLI::App& app, TrainOptions& o) {
                "Train with the head and the cross-entropy fused (chunked: the [tokens, vocabulary] "
                "logits never exist; the same loss and gradients)");
   app.add_option("--loss-chunk", o.loss_chunk,
-                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)");
+                 "With --fused-loss: tokens per chunk (0: about tokens x hidden / vocabulary)")
+      ->check(non_negative(" (0: automatic)"));
 }
 
 void add_optimizer_flags(CLI::App& app, TrainOptions& o) {
-  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)");
+  app.add_option("--lr", o.lr, "Peak learning rate (AdamW)")->check(positive());
   app.add_option("--warmup", o.warmup,
-                 "Steps of linear warmup: step s < W trains at lr * (s + 1) / W");
+                 "Steps of linear warmup: step s < W trains at lr * (s + 1) / W")
+      ->check(non_negative());
   add_choice(app, "--lr-schedule", o.lr_schedule,
              "After warmup: constant, or cosine from --lr down to --lr-min at the last step");
   app.add_option("--lr-min", o.lr_min, "The cosine schedule's last learning rate");
   app.add_option("--weight-decay", o.weight_decay,
                  "AdamW's decoupled weight decay, on parameters of 2 or more dimensions only "
-                 "(norms and biases get none)");
-  app.add_option("--beta1", o.beta1, "AdamW's beta1");
-  app.add_option("--beta2", o.beta2, "AdamW's beta2");
+                 "(norms and biases get none)")
+      ->check(non_negative());
+  app.add_option("--beta1", o.beta1, "AdamW's beta1")->check(in_half_open(0, 1));
+  app.add_option("--beta2", o.beta2, "AdamW's beta2")->check(in_half_open(0, 1));
   add_choice(app, "--optimizer", o.optimizer,
              "fused-adamw: fsdp::FusedAdamW (one fused kernel per parameter group); adamw: "
              "libtorch's torch::optim::AdamW (nine ops per parameter)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm,
                  "Clip the gradients to this global 2-norm (over all ranks' shards) before each "
-                 "optimizer step; 0: no clipping");
+                 "optimizer step; 0: no clipping")
+      ->check(non_negative(" (0: off)"));
   app.add_option("--grad-accum", o.grad_accum,
                  "Micro-batches per step: each rank's batch is split into this many, their "
-                 "gradients accumulate unsharded (no communication) and are reduced once");
+                 "gradients accumulate unsharded (no communication) and are reduced once")
+      ->check(positive());
   app.add_flag("--grad-accum-sync", o.grad_accum_sync,
                "With --grad-accum: reduce-scatter after every micro-batch instead (less memory: "
                "no full gradients kept; more communication)");
@@ -87,8 +100,10 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--save-dir", o.save_dir,
                  "Write sharded checkpoints (parameters and optimizer state) to this directory");
   app.add_option("--save-every", o.save_every,
-                 "Steps between checkpoints (0: one at the end); needs --save-dir");
-  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)");
+                 "Steps between checkpoints (0: one at the end); needs --save-dir")
+      ->check(non_negative());
+  app.add_option("--keep", o.keep, "Checkpoints to keep, the newest (0: all)")
+      ->check(non_negative());
   app.add_flag("--resume", o.resume,
                "Continue from the latest complete checkpoint in --save-dir, saved at any world "
                "size (none there: start from step 0)");
@@ -97,10 +112,11 @@ void add_checkpoint_flags(CLI::App& app, TrainOptions& o) {
 void add_validation_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--eval-every", o.eval_every,
                  "Validation loss every N steps and after the last (0: after the last only, when "
-                 "there is validation data)");
+                 "there is validation data)")
+      ->check(non_negative());
   app.add_flag("--eval-only", o.eval_only,
                "Print the validation loss of the weights given and exit, without training");
-  app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward");
+  app.add_option("--eval-batch", o.eval_batch, "Validation windows per forward")->check(positive());
 }
 
 void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_steps) {
@@ -123,7 +139,8 @@ void add_job_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--seed", o.seed, "Seed of parameters and data");
     app.add_option("--threads", o.threads,
                    "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local "
-                   "ranks)");
+                   "ranks)")
+        ->check(non_negative());
     app.add_option("--comm-timeout", o.comm_timeout_s,
                    "Seconds a collective or the rendezvous may wait for the other ranks before "
                    "the run fails with an error naming the operation (a dead or stuck rank)")
@@ -141,9 +158,11 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
                    "Print the memory per rank and the communication per step these flags need "
                    "(the planner), then exit without training");
     }
-    app.add_option("--plan-world", o.plan_world, "World size to plan for (0: the launched one)");
+    app.add_option("--plan-world", o.plan_world, "World size to plan for (0: the launched one)")
+        ->check(non_negative());
     app.add_option("--plan-ranks-per-host", o.plan_ranks_per_host,
-                   "Ranks per machine, consecutive (0: all on one machine)");
+                   "Ranks per machine, consecutive (0: all on one machine)")
+        ->check(non_negative());
     app.add_option("--plan-collectives", o.plan_collectives,
                    "Measured collective times (collectives_bench --table) instead of --plan-links");
     app.add_option("--plan-links", o.plan_links,
@@ -152,12 +171,14 @@ void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag) {
                    "InfiniBand figures, assumed)");
     app.add_option("--plan-capacity-gib", o.plan_capacity_gib,
                    "Memory per rank in GiB (0: not checked); the plan fails naming the numbers "
-                   "when it does not fit");
+                   "when it does not fit")
+        ->check(non_negative());
     app.add_option("--plan-json", o.plan_json, "Also write the plan as JSON to this file");
     app.add_option("--plan-search", o.plan_search,
                    "Also print this many of the best layouts of --plan-world ranks (replicas x "
                    "shards x tensor-parallel degree, TP within a host) that fit "
-                   "--plan-capacity-gib, by communication per step");
+                   "--plan-capacity-gib, by communication per step")
+        ->check(non_negative());
   });
 }
 
@@ -179,10 +200,6 @@ void add_train_flags(CLI::App& app, TrainOptions& o, const TrainDefaults& defaul
 }
 
 namespace {
-
-std::string positive(int64_t v, const char* flag) {
-  return v > 0 ? "" : fmt::format("{} must be a positive integer, got {}", flag, v);
-}
 
 // The batch's split over the data-parallel ranks and micro-batches, and the layout's degrees.
 std::string check_layout(const TrainOptions& o, int world) {
@@ -213,7 +230,6 @@ std::string check_layout(const TrainOptions& o, int world) {
     return fmt::format("--replicas {} must divide the {} (each replica is sharded over the rest)",
                        o.replicas, over);
   }
-  if (o.grad_accum < 1) return positive(o.grad_accum, "--grad-accum");
   if ((o.batch / dp) % o.grad_accum != 0) {
     return fmt::format(
         "--grad-accum {} must divide the {} sequences each rank trains on per step (--batch {} "
@@ -224,21 +240,8 @@ std::string check_layout(const TrainOptions& o, int world) {
 }
 
 std::string check_optimizer(const TrainOptions& o) {
-  if (!(o.lr > 0) || !std::isfinite(o.lr))
-    return fmt::format("--lr must be positive, got {}", o.lr);
   if (!(o.lr_min >= 0) || o.lr_min > o.lr) {
     return fmt::format("--lr-min must lie in [0, --lr {}], got {}", o.lr, o.lr_min);
-  }
-  if (o.warmup < 0) return fmt::format("--warmup must be >= 0, got {}", o.warmup);
-  if (!(o.weight_decay >= 0)) {
-    return fmt::format("--weight-decay must be >= 0, got {}", o.weight_decay);
-  }
-  for (auto [beta, flag] : {std::pair{o.beta1, "--beta1"}, std::pair{o.beta2, "--beta2"}}) {
-    if (!(beta >= 0 && beta < 1)) return fmt::format("{} must lie in [0, 1), got {}", flag, beta);
-  }
-  if (!(o.clip_grad_norm >= 0) || std::isinf(o.clip_grad_norm)) {
-    return fmt::format("--clip-grad-norm must be a finite number >= 0 (0: off), got {}",
-                       o.clip_grad_norm);
   }
   if (o.offload == Offload::optimizer && o.optimizer != OptimizerKind::fused_adamw) {
     return fmt::format(
@@ -252,9 +255,6 @@ std::string check_optimizer(const TrainOptions& o) {
 
 // Checkpoints, validation, profiling and planning.
 std::string check_outputs(const TrainOptions& o, int world) {
-  if (o.save_every < 0) return fmt::format("--save-every must be >= 0, got {}", o.save_every);
-  if (o.keep < 0) return fmt::format("--keep must be >= 0, got {}", o.keep);
-  if (o.eval_every < 0) return fmt::format("--eval-every must be >= 0, got {}", o.eval_every);
   if ((o.save_every > 0 || o.keep > 0 || o.resume) && o.save_dir.empty()) {
     return "--save-every, --keep and --resume need --save-dir DIR";
   }
@@ -262,46 +262,21 @@ std::string check_outputs(const TrainOptions& o, int world) {
     return fmt::format("--profile-steps {}:{} reaches past the last step ({} steps, 0-based)",
                        o.profile_first, o.profile_last, o.steps);
   }
-  if (o.plan_ranks_per_host < 0 ||
-      (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0)) {
+  if (o.plan_ranks_per_host > 0 && world % o.plan_ranks_per_host != 0) {
     return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
                        o.plan_ranks_per_host, world);
   }
-  if (o.plan_search < 0) return fmt::format("--plan-search must be >= 0, got {}", o.plan_search);
-  if (!(o.plan_capacity_gib >= 0)) {
-    return fmt::format("--plan-capacity-gib must be >= 0, got {}", o.plan_capacity_gib);
-  }
-  return "";
-}
-
-// The memory options: the quantized gather's block and the fused loss's chunk.
-std::string check_memory(const TrainOptions& o) {
-  if (o.quantize_all_gather != 0 &&
-      (o.quantize_all_gather < 4 || o.quantize_all_gather > (1 << 20) ||
-       o.quantize_all_gather % 4 != 0)) {
-    return fmt::format(
-        "--quantize-all-gather is a block size, a multiple of 4 in [4, 1048576] (or 0: off), "
-        "got {}",
-        o.quantize_all_gather);
-  }
-  if (o.loss_chunk < 0) {
-    return fmt::format("--loss-chunk must be >= 0 (0: automatic), got {}", o.loss_chunk);
-  }
-  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
   return "";
 }
 
 std::string check(const TrainOptions& o, int world) {
-  for (auto err : {positive(o.seq, "--seq"), positive(o.batch, "--batch"),
-                   positive(o.steps, "--steps"), positive(o.eval_batch, "--eval-batch")}) {
-    if (!err.empty()) return err;
-  }
   // In order: the layout's check divides by --tp, which check_job proves divides the world.
   if (auto err = check_job(o, world); !err.empty()) return err;
   if (auto err = check_layout(o, world); !err.empty()) return err;
   if (auto err = check_optimizer(o); !err.empty()) return err;
   if (auto err = check_outputs(o, world); !err.empty()) return err;
-  return check_memory(o);
+  if (o.loss_chunk > 0 && !o.fused_loss) return "--loss-chunk needs --fused-loss";
+  return "";
 }
 
 }  // namespace
@@ -313,7 +288,6 @@ std::string check_job(const TrainOptions& o, int world) {
         "the model's matmuls; the world / tp groups see different batches)",
         o.tp, world);
   }
-  if (o.threads < 0) return fmt::format("--threads must be >= 0, got {}", o.threads);
   return "";
 }
 

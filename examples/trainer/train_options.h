@@ -107,7 +107,7 @@ void add_job_flags(CLI::App& app, TrainOptions& o);
 // The planning section: --plan (when `with_plan_flag`) and --plan-*.
 void add_plan_flags(CLI::App& app, TrainOptions& o, bool with_plan_flag);
 
-// What add_job_flags' values and `o.tp` need of the world: the error or "".
+// What `o.tp` needs of the world (--tp divides it): the error or "".
 std::string check_job(const TrainOptions& o, int world);
 
 // Parses argv (and the --recipe it names) into `app`'s flags, every one added in its section

@@ -85,7 +85,7 @@ awk -v a="$cpp" -v b="$pyl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "
 
 # Bad flags: clear messages, exit 2.
 expect_error "need --save-dir" "$bin" --resume
-expect_error "--save-every must be >= 0" "$bin" --save-dir "$tmp/x" --save-every -1
+expect_error "--save-every: must be >= 0, got -1" "$bin" --save-dir "$tmp/x" --save-every -1
 expect_error "give one" "$bin" --save-dir "$tmp/x" --resume --init-from "$tmp/model.safetensors"
 [ "$fail" -eq 0 ] && echo "checkpoint resume: passed"
 exit "$fail"

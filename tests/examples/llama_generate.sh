@@ -82,9 +82,9 @@ else
 fi
 
 expect_error "outside the vocabulary of 301" "$bin" --hf-dir "$tmp/trained" --generate-ids 5,301 --threads 1
-expect_error "--top-p must be in (0, 1]" "$bin" "${gen[@]}" --temperature 1 --top-p 0
-expect_error "--max-new-tokens must be >= 0" "$bin" --hf-dir "$tmp/trained" --generate-ids 1 --max-new-tokens -1
-expect_error "--temperature must be a finite number >= 0" "$bin" "${gen[@]}" --temperature -1
+expect_error "--top-p: must be in (0, 1], got 0" "$bin" "${gen[@]}" --temperature 1 --top-p 0
+expect_error "--max-new-tokens: must be >= 0, got -1" "$bin" --hf-dir "$tmp/trained" --generate-ids 1 --max-new-tokens -1
+expect_error "--temperature: must be >= 0 (0: greedy), got -1" "$bin" "${gen[@]}" --temperature -1
 expect_error "give the model as --hf-dir" "$bin" --generate-ids 1,2
 expect_error "give a prompt: --generate-ids IDS, or --generate TEXT" "$bin" --hf-dir "$tmp/trained"
 expect_error "not expected: 3 --steps" "$bin" "${gen[@]}" --steps 3

@@ -89,7 +89,7 @@ near_but_moved "$tmp/f8pairs" 3 2 "float8 attention"
 grep -q "float8 feed-forward and attention (tensorwise)" "$tmp/f8a.log" \
   || { echo "the header does not show float8 attention:"; cat "$tmp/f8a.log"; fail=1; }
 
-expect_error "--dim must be a positive integer" "$bin" --dim 0
+expect_error "--dim: must be > 0, got 0" "$bin" --dim 0
 expect_error "--heads must divide --dim" "$bin" --dim 64 --heads 5
 expect_error "no such file" "$bin" --data /nonexistent/text.txt
 expect_error "The following argument was not expected: --bogus" "$bin" --bogus
@@ -97,16 +97,20 @@ expect_error "--loss-chunk needs --fused-loss" "$bin" --loss-chunk 8
 expect_error "--float8-recipe needs --float8" "$bin" --float8-recipe rowwise
 expect_error "--float8-attention needs --float8" "$bin" --float8-attention
 expect_error "need --dim a multiple of 16" "$bin" --float8 --dim 40 --heads 4
-expect_error "--clip-grad-norm must be a finite number >= 0" "$bin" --clip-grad-norm -1
+expect_error "--clip-grad-norm: must be >= 0 (0: off), got -1" "$bin" --clip-grad-norm -1
+expect_error "--clip-grad-norm: must be a finite number >= 0 (0: off), got inf" "$bin" --clip-grad-norm inf
+expect_error "--lr: must be a finite number > 0, got nan" "$bin" --lr nan
 expect_error "--init-from /nonexistent.safetensors: no such file" "$bin" --init-from /nonexistent.safetensors
-expect_error "--steps must be a positive integer" "$bin" --steps -3
-expect_error "--grad-accum must be a positive integer" "$bin" --grad-accum 0
+expect_error "--steps: must be > 0, got -3" "$bin" --steps -3
+expect_error "--grad-accum: must be > 0, got 0" "$bin" --grad-accum 0
+expect_error "--beta2: must be in [0, 1), got 1" "$bin" --beta2 1
+expect_error "Could not convert: --steps = many" "$bin" --steps many
 expect_error "--replicas 2 must divide the world of 1 ranks" "$bin" --replicas 2
 expect_error "--replicas 0 must divide the world of 1 ranks" "$bin" --replicas 0
 expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" "$bin" --offload optimizer \
   --optimizer adamw
 expect_error "--offload: bogus not in" "$bin" --offload bogus
-expect_error "--quantize-all-gather is a block size, a multiple of 4" "$bin" --quantize-all-gather 6
+expect_error "--quantize-all-gather: must be a block size, a multiple of 4" "$bin" --quantize-all-gather 6
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "$bin" "${args[@]}" --grad-accum 3
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then

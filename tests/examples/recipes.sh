@@ -102,6 +102,9 @@ printf 'tp = 2\n' > "$tmp/top.toml"
 expect_error "'tp' belongs in [parallelism] (every key stands in its section's table)" "$planner" --recipe "$tmp/top.toml" --preset llama3.2-1b
 printf '[optimizer]\nlr = "fast"\n' > "$tmp/value.toml"
 expect_error "--lr" "$planner" --recipe "$tmp/value.toml" --preset llama3.2-1b
+# A recipe's value goes through the flag's own range check, as on the command line.
+printf '[optimizer]\nlr = -0.5\n' > "$tmp/range.toml"
+expect_error "--lr: must be > 0, got -0.5" "$planner" --recipe "$tmp/range.toml" --preset llama3.2-1b
 expect_error "nope.toml" "$planner" --recipe "$tmp/nope.toml" --preset llama3.2-1b
 
 [ "$fail" -eq 0 ] && echo "recipes: passed"
