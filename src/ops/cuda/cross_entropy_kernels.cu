@@ -129,8 +129,8 @@ cudaError_t cross_entropy_rows(DType dtype, void* logits, int64_t rows, int64_t 
     by_pack<T>(
         vocab,
         [&](auto n) {
-          cross_entropy_rows_kernel<T, decltype(n)::value><<<blocks, kThreads, 0, stream>>>(
-              p, rows, vocab, index, here, counted, inv_count, lse_in, target_in, loss, grad);
+          launch(cross_entropy_rows_kernel<T, decltype(n)::value>, blocks, kThreads, 0, stream, p,
+                 rows, vocab, index, here, counted, inv_count, lse_in, target_in, loss, grad);
         },
         p);
   });

@@ -66,6 +66,30 @@ inline void by_pack(int64_t length, F&& f, const Ptr*... p) {
   }
 }
 
+#ifdef FSDP_CUDA_EMULATOR
+// tests/ops/cuda_emulator runs these kernels on the CPU: its launch and shared memory.
+using cuda_emulator::dynamic_shared;
+using cuda_emulator::launch;
+#else
+// kernel<<<grid, block, shared, stream>>>(args...): every launch of this folder goes through
+// here, the one place the CPU emulation of the kernels (tests/ops/cuda_emulator) replaces.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                   cudaStream_t stream, Args... args) {
+  // clang-format reads this header as C++, where <<< is no token.
+  // clang-format off
+  kernel<<<grid, block, shared, stream>>>(args...);
+  // clang-format on
+}
+
+// The block's dynamic shared memory (the launch's `shared` bytes), 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared() {
+  extern __shared__ float4 fsdp_dynamic_shared[];
+  return reinterpret_cast<T*>(fsdp_dynamic_shared);
+}
+#endif
+
 template <typename F>
 inline cudaError_t by_dtype(DType dtype, F&& f) {
   switch (dtype) {

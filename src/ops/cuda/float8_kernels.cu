@@ -188,8 +188,8 @@ cudaError_t abs_max(DType dtype, const void* x, int64_t numel, float* amax, cuda
   if (numel == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    abs_max_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(static_cast<const T*>(x), numel,
-                                                                reinterpret_cast<unsigned*>(amax));
+    launch(abs_max_kernel<T>, grid_for(numel), kThreads, 0, stream, static_cast<const T*>(x), numel,
+           reinterpret_cast<unsigned*>(amax));
   });
 }
 
@@ -205,15 +205,15 @@ cudaError_t float8_cast(DType dtype, Float8Format format, const void* x, int64_t
     const auto* xs = static_cast<const T*>(x);
     if (ot == nullptr) {
       if (o == nullptr) return;
-      cast_kernel<T>
-          <<<grid_for(rows * cols), kThreads, 0, stream>>>(xs, rows * cols, format, amax, scale, o);
+      launch(cast_kernel<T>, grid_for(rows * cols), kThreads, 0, stream, xs, rows * cols, format,
+             amax, scale, o);
       return;
     }
     const dim3 block(kTile, kTileRows);
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                     static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
-    cast_transpose_kernel<T>
-        <<<grid, block, 0, stream>>>(xs, rows, cols, format, amax, scale, o, ot, ld_t);
+    launch(cast_transpose_kernel<T>, grid, block, 0, stream, xs, rows, cols, format, amax, scale, o,
+           ot, ld_t);
   });
 }
 
@@ -235,17 +235,18 @@ cudaError_t float8_cast_axiswise(DType dtype, Float8Format format, const void* x
     const auto* xs = static_cast<const T*>(x);
     if (axis == 1) {
       const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
-      cast_rows_kernel<T><<<blocks, kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
+      launch(cast_rows_kernel<T>, blocks, kThreads, 0, stream, xs, rows, cols, format, scale, o);
       return;
     }
     const auto column_blocks = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
     const dim3 grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(
                                        (rows + kColumnRun - 1) / kColumnRun, 65535)));
-    column_abs_max_kernel<T>
-        <<<grid, kThreads, 0, stream>>>(xs, rows, cols, reinterpret_cast<unsigned*>(scale));
-    column_scales_kernel<<<column_blocks, kThreads, 0, stream>>>(scale, cols, format);
+    launch(column_abs_max_kernel<T>, grid, kThreads, 0, stream, xs, rows, cols,
+           reinterpret_cast<unsigned*>(scale));
+    launch(column_scales_kernel, column_blocks, kThreads, 0, stream, scale, cols, format);
     const dim3 cast_grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(rows, 1024)));
-    cast_columns_kernel<T><<<cast_grid, kThreads, 0, stream>>>(xs, rows, cols, format, scale, o);
+    launch(cast_columns_kernel<T>, cast_grid, kThreads, 0, stream, xs, rows, cols, format, scale,
+           o);
   });
 }
 

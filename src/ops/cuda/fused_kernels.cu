@@ -94,7 +94,8 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          int64_t n, int64_t d) {
   using P = Pack<T, N>;
-  extern __shared__ float shared_dw[];  // d floats where d <= kSharedDwColumns and dw is wanted
+  // d floats where d <= kSharedDwColumns and dw is wanted.
+  float* const shared_dw = dynamic_shared<float>();
   const bool want_dw = partial_dw != nullptr, in_shared = d <= kSharedDwColumns;
   const int64_t packs = d / N;
   float* const block_dw = want_dw ? partial_dw + blockIdx.x * d : nullptr;
@@ -283,8 +284,8 @@ cudaError_t rms_norm_forward_rows(DType dtype, const void* x, const void* y, voi
     by_pack<T>(
         d,
         [&](auto pack) {
-          rms_norm_forward_kernel<T, kResidual, decltype(pack)::value>
-              <<<blocks, kThreads, 0, stream>>>(xs, ys, hs, ws, os, rstd, n, d, eps);
+          launch(rms_norm_forward_kernel<T, kResidual, decltype(pack)::value>, blocks, kThreads, 0,
+                 stream, xs, ys, hs, ws, os, rstd, n, d, eps);
         },
         xs, ys, hs, ws, os);  // y and h null without the residual
   });
@@ -323,14 +324,13 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
     by_pack<T>(
         d,
         [&](auto pack) {
-          rms_norm_backward_kernel<T, decltype(pack)::value>
-              <<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(dys, xs, ws, rstd, dxs,
-                                                                            parts, n, d);
+          launch(rms_norm_backward_kernel<T, decltype(pack)::value>, static_cast<unsigned>(blocks),
+                 kThreads, shared, stream, dys, xs, ws, rstd, dxs, parts, n, d);
         },
         dys, xs, ws, dxs);
     if (want_dw) {
-      sum_blocks_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream>>>(
-          workspace, dweight, blocks, d);
+      launch(sum_blocks_kernel, static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream,
+             workspace, dweight, blocks, d);
     }
   });
 }
@@ -346,9 +346,9 @@ cudaError_t swiglu_forward(DType dtype, const void* gate, const void* up, void* 
         numel,
         [&](auto pack) {
           const int64_t packs = numel / decltype(pack)::value;
-          swiglu_forward_kernel<T, decltype(pack)::value>
-              <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(g, u, o,
-                                                                                          packs);
+          launch(swiglu_forward_kernel<T, decltype(pack)::value>,
+                 static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream, g, u, o,
+                 packs);
         },
         g, u, o);
   });
@@ -366,9 +366,9 @@ cudaError_t swiglu_backward(DType dtype, const void* dout, const void* gate, con
         numel,
         [&](auto pack) {
           const int64_t packs = numel / decltype(pack)::value;
-          swiglu_backward_kernel<T, decltype(pack)::value>
-              <<<static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream>>>(
-                  go, g, u, dg, du, packs);
+          launch(swiglu_backward_kernel<T, decltype(pack)::value>,
+                 static_cast<unsigned>(elementwise_blocks(packs)), kThreads, 0, stream, go, g, u,
+                 dg, du, packs);
         },
         go, g, u, dg, du);
   });
@@ -393,12 +393,12 @@ cudaError_t rope(DType dtype, const void* x, const void* cos, const void* sin, v
                *ss = static_cast<const T*>(sin);
     auto* os = static_cast<T*>(out);
     if (narrow) {
-      rope_kernel<T, kBackward, uint32_t><<<blocks, kThreads, 0, stream>>>(
-          xs, cs, ss, os, static_cast<uint32_t>(batch), static_cast<uint32_t>(seq),
-          static_cast<uint32_t>(heads), static_cast<uint32_t>(d), static_cast<uint32_t>(cos_batch));
+      launch(rope_kernel<T, kBackward, uint32_t>, blocks, kThreads, 0, stream, xs, cs, ss, os,
+             static_cast<uint32_t>(batch), static_cast<uint32_t>(seq), static_cast<uint32_t>(heads),
+             static_cast<uint32_t>(d), static_cast<uint32_t>(cos_batch));
     } else {
-      rope_kernel<T, kBackward, int64_t>
-          <<<blocks, kThreads, 0, stream>>>(xs, cs, ss, os, batch, seq, heads, d, cos_batch);
+      launch(rope_kernel<T, kBackward, int64_t>, blocks, kThreads, 0, stream, xs, cs, ss, os, batch,
+             seq, heads, d, cos_batch);
     }
   });
 }
