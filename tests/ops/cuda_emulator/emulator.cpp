@@ -1,0 +1,265 @@
+// The fibers behind emulator.h: a block's threads as fibers on the calling thread, a scheduler
+// that runs each until it waits at a barrier or ends, and opens the barriers.
+//
+// A fiber is made once per launch (makecontext on its own stack) and runs the kernel once per
+// block in a loop; every later switch is _setjmp/_longjmp, which unlike swapcontext saves no
+// signal mask: no system call per switch (swapcontext's made the test 10x slower). glibc's
+// fortified longjmp refuses a jump to another stack, hence no _FORTIFY_SOURCE here.
+#undef _FORTIFY_SOURCE
+#include "emulator.h"
+
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace {
+
+cudaError_t last_error = cudaSuccess;
+cuda_emulator::Order order = cuda_emulator::Order::in_index_order;
+
+enum class State { ready, at_syncthreads, at_shuffle, ended };
+
+struct Fiber {
+  ucontext_t context;  // its start
+  jmp_buf resume;      // where it waits, once started
+  bool started = false;
+  std::unique_ptr<char[]> stack;
+  State state = State::ready;
+  dim3 index;
+  unsigned mask = 0;
+  int lane_mask = 0;
+  uint64_t sent = 0, received = 0;
+};
+
+constexpr size_t kStackBytes = 64 * 1024;
+constexpr int kWarp = 32;
+
+// The launch being run (one at a time: the kernels' launchers are called from one thread).
+struct Launch {
+  const std::function<void()>* kernel = nullptr;
+  std::vector<Fiber> fibers;
+  jmp_buf scheduler;
+  int current = -1;
+  std::vector<unsigned char> shared;
+};
+Launch* active = nullptr;
+
+Fiber& current_fiber() {
+  if (active == nullptr || active->current < 0) {
+    throw std::logic_error("cuda emulator: a barrier outside a kernel");
+  }
+  return active->fibers[active->current];
+}
+
+// Back to the scheduler, in `state`.
+void wait(State state) {
+  Fiber& f = current_fiber();
+  f.state = state;
+  if (_setjmp(f.resume) == 0) _longjmp(active->scheduler, 1);
+}
+
+// The scheduler's side: runs fiber `i` until it waits or ends. Not inlined: _setjmp's return
+// through _longjmp may clobber the caller's registers, and its callers keep loop counters there.
+__attribute__((noinline)) void switch_to(Launch& launch, int i) {
+  Fiber& f = launch.fibers[i];
+  threadIdx = f.index;
+  launch.current = i;
+  if (_setjmp(launch.scheduler) == 0) {
+    if (f.started) _longjmp(f.resume, 1);
+    f.started = true;
+    ucontext_t unused;  // the fiber comes back by _longjmp, never to here
+    swapcontext(&unused, &f.context);
+  }
+  launch.current = -1;
+}
+
+// A fiber: the kernel once per block, ended in between (the scheduler readies it for the next).
+void fiber_main() {
+  while (true) {
+    (*active->kernel)();
+    wait(State::ended);
+  }
+}
+
+std::string where(const char* what) {
+  return std::string("cuda emulator: block (") + std::to_string(blockIdx.x) + ", " +
+         std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) + "): " + what;
+}
+
+// Opens the warps of fibers [begin, end) whose 32 lanes all wait at a shuffle: each gets its
+// partner's value. Returns whether one opened; throws on a warp that can never open.
+bool open_warps(std::vector<Fiber>& fibers, size_t begin, size_t end) {
+  bool opened = false;
+  for (size_t first = begin; first < end; first += kWarp) {
+    int at_shuffle = 0, ended = 0;
+    for (size_t i = first; i < first + kWarp && i < fibers.size(); ++i) {
+      at_shuffle += fibers[i].state == State::at_shuffle;
+      ended += fibers[i].state == State::ended;
+    }
+    if (at_shuffle == 0) continue;
+    if (first + kWarp > fibers.size()) {
+      throw std::runtime_error(where("a shuffle in a warp of fewer than 32 threads"));
+    }
+    if (ended > 0) throw std::runtime_error(where("a shuffle in a warp with ended lanes"));
+    if (at_shuffle < kWarp) continue;  // the others have not got there yet, or wait elsewhere
+    for (size_t i = first; i < first + kWarp; ++i) {
+      const Fiber& f = fibers[i];
+      if (f.mask != 0xffffffffu || f.lane_mask != fibers[first].lane_mask) {
+        throw std::runtime_error(where("a shuffle whose lanes give other masks or offsets"));
+      }
+    }
+    for (size_t i = first; i < first + kWarp; ++i) {
+      const size_t partner = first + ((i - first) ^ static_cast<size_t>(fibers[i].lane_mask));
+      fibers[i].received = fibers[partner].sent;
+    }
+    for (size_t i = first; i < first + kWarp; ++i) fibers[i].state = State::ready;
+    opened = true;
+  }
+  return opened;
+}
+
+// Not inlined: getcontext returns twice, as _setjmp does (see switch_to).
+__attribute__((noinline)) void make_fiber(Fiber& f, dim3 index) {
+  f.index = index;
+  f.stack.reset(new char[kStackBytes]);
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = f.stack.get();
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = nullptr;  // fiber_main never returns
+  makecontext(&f.context, fiber_main, 0);
+}
+
+// Runs the ready fibers of [begin, end), in order or reversed, and the shuffles of their warps,
+// until every one of them waits at __syncthreads or has ended.
+void run_until_waiting(Launch& launch, int begin, int end, bool reversed) {
+  do {
+    for (int k = begin; k < end; ++k) {
+      const int i = reversed ? end - 1 - (k - begin) : k;
+      if (launch.fibers[i].state == State::ready) switch_to(launch, i);
+    }
+  } while (open_warps(launch.fibers, begin, end));
+}
+
+void run_block(Launch& launch) {
+  auto& fibers = launch.fibers;
+  for (auto& f : fibers) f.state = State::ready;
+  if (!launch.shared.empty()) std::memset(launch.shared.data(), 0xff, launch.shared.size());
+  const int n = static_cast<int>(fibers.size());
+  while (true) {
+    if (order == cuda_emulator::Order::warp_by_warp) {
+      for (int w = 0; w < n; w += kWarp)
+        run_until_waiting(launch, w, std::min(n, w + kWarp), false);
+    } else {
+      run_until_waiting(launch, 0, n, order == cuda_emulator::Order::reversed);
+    }
+    int ended = 0, at_syncthreads = 0;
+    for (const auto& f : fibers) {
+      ended += f.state == State::ended;
+      at_syncthreads += f.state == State::at_syncthreads;
+    }
+    if (ended == n) return;
+    if (at_syncthreads + ended == n) {  // threads that returned do not hold the barrier
+      for (auto& f : fibers) {
+        if (f.state == State::at_syncthreads) f.state = State::ready;
+      }
+      continue;
+    }
+    throw std::runtime_error(
+        where((std::to_string(at_syncthreads) + " threads wait at __syncthreads, " +
+               std::to_string(n - ended - at_syncthreads) + " at a shuffle whose warp cannot meet")
+                  .c_str()));
+  }
+}
+
+}  // namespace
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+  }
+  return "unknown error";
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+namespace cuda_emulator {
+
+void set_order(Order o) { order = o; }
+
+void* dynamic_shared_memory() {
+  if (active == nullptr) throw std::logic_error("cuda emulator: shared memory outside a kernel");
+  return active->shared.data();
+}
+
+void block_barrier() { wait(State::at_syncthreads); }
+
+uint64_t shuffle_xor(unsigned mask, uint64_t bits, int lane_mask) {
+  Fiber& f = current_fiber();
+  f.mask = mask;
+  f.lane_mask = lane_mask;
+  f.sent = bits;
+  wait(State::at_shuffle);
+  return current_fiber().received;
+}
+
+void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& kernel) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || shared_bytes > 48 * 1024) {
+    last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (active != nullptr) throw std::logic_error("cuda emulator: a launch inside a launch");
+  Launch launch;
+  launch.kernel = &kernel;
+  launch.fibers.resize(threads);
+  // Room for 16-byte accesses, and aligned as a device's shared memory is.
+  launch.shared.resize((shared_bytes + 15) / 16 * 16);
+  for (unsigned z = 0, i = 0; z < block.z; ++z) {
+    for (unsigned y = 0; y < block.y; ++y) {
+      for (unsigned x = 0; x < block.x; ++x, ++i) {
+        make_fiber(launch.fibers[i], dim3(x, y, z));
+      }
+    }
+  }
+  active = &launch;
+  blockDim = block;
+  gridDim = grid;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z) {
+      for (unsigned y = 0; y < grid.y; ++y) {
+        for (unsigned x = 0; x < grid.x; ++x) {
+          blockIdx = dim3(x, y, z);
+          run_block(launch);
+        }
+      }
+    }
+  } catch (...) {
+    active = nullptr;
+    throw;
+  }
+  active = nullptr;
+}
+
+}  // namespace cuda_emulator
