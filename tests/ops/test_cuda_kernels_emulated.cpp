@@ -48,11 +48,10 @@ std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tenso
   using cuda_emulator::Order;
   cuda_emulator::set_order(Order::in_index_order);
   const auto first = run();
-  for (auto order : {Order::reversed, Order::warp_by_warp}) {
+  for (auto order : {Order::reversed, Order::warp_by_warp, Order::warps_reversed}) {
     cuda_emulator::set_order(order);
     const auto other = run();
-    EXPECT_EQ(first.size(), other.size());
-    for (size_t i = 0; i < first.size() && i < other.size(); ++i) {
+    for (size_t i = 0; i < first.size(); ++i) {
       EXPECT_TRUE(first[i].view(at::kByte).equal(other[i].view(at::kByte)))
           << "result " << i << " depends on the order of the threads (order "
           << static_cast<int>(order) << ")";
@@ -207,9 +206,12 @@ TEST(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
     }
   }
   // An odd last dimension and a cos batch that is neither 1 nor the batch are refused.
-  const auto x = at::zeros({1, 1, 1, 3});
+  const auto x = at::zeros({3, 1, 1, 4});
   EXPECT_EQ(k::rope_forward(k::DType::kFloat, x.data_ptr(), x.data_ptr(), x.data_ptr(),
                             x.data_ptr(), 1, 1, 1, 3, 1, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(k::rope_forward(k::DType::kFloat, x.data_ptr(), x.data_ptr(), x.data_ptr(),
+                            x.data_ptr(), 3, 1, 1, 4, 2, nullptr),
             cudaErrorInvalidValue);
 }
 
@@ -256,7 +258,12 @@ TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
           EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
                                    scale.data_ptr<float>(), o2.data_ptr(), nullptr, 0, nullptr),
                     cudaSuccess);
-          return std::vector<at::Tensor>{amax, scale, o, ot, o2};
+          // Four times that scale: the largest values saturate at the format's largest.
+          auto scale4 = scale * 4, o4 = at::empty({rows, cols}, at::kByte);
+          EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
+                                   scale4.data_ptr<float>(), o4.data_ptr(), nullptr, 0, nullptr),
+                    cudaSuccess);
+          return std::vector<at::Tensor>{amax, scale, o, ot, o2, o4};
         });
         const auto amax = x.to(at::kFloat).abs().max().reshape({1});
         EXPECT_TRUE(out[0].equal(amax)) << where;
@@ -267,6 +274,7 @@ TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
         EXPECT_TRUE(out[3].narrow(1, 0, rows).equal(bytes.t())) << where;
         EXPECT_TRUE((out[3].narrow(1, rows, 3) == 0x55).all().item<bool>()) << where;
         EXPECT_TRUE(out[4].equal(bytes)) << where;
+        EXPECT_TRUE(out[5].equal(cast_bytes(x, scale * 4, format))) << where;
       }
     }
   }
@@ -290,6 +298,8 @@ TEST(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
       const int64_t rows = 70, cols = 300;
       auto x = (at::randn({rows, cols}) * at::rand({rows, 1}) * 50).to(dtype);
       x[3][5] = NAN;
+      x[7].zero_();  // an all-zero row: its amax is 0, the scale torchao's of 1e-12
+      x.select(1, 11).zero_();
       const auto out = in_every_order([&] {
         auto scale = at::empty({axis == 1 ? rows : cols}, at::kFloat);
         auto o = at::empty({rows, cols}, at::kByte);
@@ -336,7 +346,18 @@ TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
                                           given ? target.data_ptr<float>() : nullptr,
                                           loss.data_ptr<float>(), true, nullptr),
                     cudaSuccess);
-          return std::vector<at::Tensor>{loss, g};
+          // The loss alone: the logits are left as they are.
+          auto kept = logits.clone();
+          auto loss_only = at::empty({rows}, at::kFloat);
+          EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), kept.data_ptr(), rows, vocab,
+                                          index.data_ptr<int64_t>(), here.data_ptr<bool>(),
+                                          counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
+                                          given ? lse.data_ptr<float>() : nullptr,
+                                          given ? target.data_ptr<float>() : nullptr,
+                                          loss_only.data_ptr<float>(), false, nullptr),
+                    cudaSuccess);
+          EXPECT_TRUE(kept.equal(logits));
+          return std::vector<at::Tensor>{loss, g, loss_only};
         });
         const auto one_hot = at::one_hot(index, vocab).to(at::kFloat) * here.unsqueeze(1);
         const auto keep = counted.to(at::kFloat);
@@ -344,9 +365,89 @@ TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
         EXPECT_LT(rel_diff(out[0], (lse - target) * keep), 1e-6) << where;
         EXPECT_LT(rel_diff(out[1], grad), tolerance(dtype)) << where;
         EXPECT_TRUE((out[1][2] == 0).all().item<bool>()) << where;
+        EXPECT_TRUE(out[2].equal(out[0])) << where;
       }
     }
   }
+}
+
+// The emulator itself: what it refuses, and a race it shows. Toy kernels.
+
+// Thread i writes its slot, then reads its neighbour's without a barrier between: a race.
+__global__ void racy_kernel(int* out) {
+  int* slots = cuda_emulator::dynamic_shared<int>();
+  slots[threadIdx.x] = static_cast<int>(threadIdx.x);
+  out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
+}
+
+// The same with the barrier: every order gives the neighbour's index.
+__global__ void synced_kernel(int* out) {
+  int* slots = cuda_emulator::dynamic_shared<int>();
+  slots[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
+}
+
+// A warp's sum by shuffles, as the kernels' reductions do.
+__global__ void warp_sum_kernel(int* out, int lane_mask_limit) {
+  int v = static_cast<int>(threadIdx.x);
+  for (int o = lane_mask_limit; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  out[threadIdx.x] = v;
+}
+
+// Half of a warp at a shuffle, the other half at __syncthreads: a hang on a GPU.
+__global__ void split_warp_kernel(int* out) {
+  if (threadIdx.x % 32 < 16) {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+  } else {
+    __syncthreads();
+  }
+}
+
+// Odd lanes end before the warp's shuffle.
+__global__ void ended_lanes_kernel(int* out) {
+  if (threadIdx.x % 2 == 1) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 2);
+}
+
+TEST(CudaEmulator, ShowsARaceAndNotItsFix) {
+  auto run = [](void (*kernel)(int*), cuda_emulator::Order order) {
+    cuda_emulator::set_order(order);
+    auto out = at::empty({64}, at::kInt);
+    cuda_emulator::launch(kernel, 1, 64, 64 * sizeof(int), nullptr, out.data_ptr<int>());
+    cuda_emulator::set_order(cuda_emulator::Order::in_index_order);
+    return out;
+  };
+  using cuda_emulator::Order;
+  EXPECT_FALSE(run(racy_kernel, Order::in_index_order).equal(run(racy_kernel, Order::reversed)));
+  const auto expected = (at::arange(64, at::kInt) + 1) % 64;
+  for (auto order : {Order::in_index_order, Order::reversed, Order::warp_by_warp}) {
+    EXPECT_TRUE(run(synced_kernel, order).equal(expected));
+  }
+}
+
+TEST(CudaEmulator, ShufflesExchangeWithinTheWarp) {
+  auto out = at::empty({64}, at::kInt);
+  cuda_emulator::launch(warp_sum_kernel, 1, 64, 0, nullptr, out.data_ptr<int>(), 16);
+  // Each warp's lanes all hold the sum of its indices: 0..31 and 32..63.
+  EXPECT_TRUE(out.narrow(0, 0, 32).eq(496).all().item<bool>());
+  EXPECT_TRUE(out.narrow(0, 32, 32).eq(1520).all().item<bool>());
+  EXPECT_THROW(cuda_emulator::launch(warp_sum_kernel, 1, 32, 0, nullptr, out.data_ptr<int>(), 32),
+               std::runtime_error);  // a lane mask past the warp
+}
+
+TEST(CudaEmulator, RefusesWhatHangsOrFailsOnAGpu) {
+  auto out = at::zeros({1024}, at::kInt);
+  EXPECT_THROW(cuda_emulator::launch(split_warp_kernel, 1, 64, 0, nullptr, out.data_ptr<int>()),
+               std::runtime_error);
+  EXPECT_THROW(cuda_emulator::launch(ended_lanes_kernel, 1, 32, 0, nullptr, out.data_ptr<int>()),
+               std::runtime_error);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cuda_emulator::launch(synced_kernel, 1, 1025, 0, nullptr, out.data_ptr<int>());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  cuda_emulator::launch(synced_kernel, 1, 32, 48 * 1024 + 1, nullptr, out.data_ptr<int>());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once
 }
 
 }  // namespace

@@ -9,7 +9,9 @@
 #include "emulator.h"
 
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <memory>
@@ -30,7 +32,7 @@ struct Fiber {
   ucontext_t context;  // its start
   jmp_buf resume;      // where it waits, once started
   bool started = false;
-  std::unique_ptr<char[]> stack;
+  std::shared_ptr<char> stack;  // mmap'ed, a guard page at its low end
   State state = State::ready;
   dim3 index;
   unsigned mask = 0;
@@ -111,7 +113,8 @@ bool open_warps(std::vector<Fiber>& fibers, size_t begin, size_t end) {
     if (at_shuffle < kWarp) continue;  // the others have not got there yet, or wait elsewhere
     for (size_t i = first; i < first + kWarp; ++i) {
       const Fiber& f = fibers[i];
-      if (f.mask != 0xffffffffu || f.lane_mask != fibers[first].lane_mask) {
+      if (f.mask != 0xffffffffu || f.lane_mask != fibers[first].lane_mask || f.lane_mask < 0 ||
+          f.lane_mask >= kWarp) {
         throw std::runtime_error(where("a shuffle whose lanes give other masks or offsets"));
       }
     }
@@ -128,9 +131,18 @@ bool open_warps(std::vector<Fiber>& fibers, size_t begin, size_t end) {
 // Not inlined: getcontext returns twice, as _setjmp does (see switch_to).
 __attribute__((noinline)) void make_fiber(Fiber& f, dim3 index) {
   f.index = index;
-  f.stack.reset(new char[kStackBytes]);
+  // The stack grows down: an overflow hits the PROT_NONE page and faults instead of writing
+  // over the heap.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p =
+      mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0) {
+    throw std::runtime_error("cuda emulator: no memory for a thread's stack");
+  }
+  f.stack = std::shared_ptr<char>(static_cast<char*>(p),
+                                  [size = kStackBytes + page](char* q) { munmap(q, size); });
   getcontext(&f.context);
-  f.context.uc_stack.ss_sp = f.stack.get();
+  f.context.uc_stack.ss_sp = f.stack.get() + page;
   f.context.uc_stack.ss_size = kStackBytes;
   f.context.uc_link = nullptr;  // fiber_main never returns
   makecontext(&f.context, fiber_main, 0);
@@ -156,6 +168,10 @@ void run_block(Launch& launch) {
     if (order == cuda_emulator::Order::warp_by_warp) {
       for (int w = 0; w < n; w += kWarp)
         run_until_waiting(launch, w, std::min(n, w + kWarp), false);
+    } else if (order == cuda_emulator::Order::warps_reversed) {
+      for (int w = (n - 1) / kWarp * kWarp; w >= 0; w -= kWarp) {
+        run_until_waiting(launch, w, std::min(n, w + kWarp), false);
+      }
     } else {
       run_until_waiting(launch, 0, n, order == cuda_emulator::Order::reversed);
     }
@@ -234,8 +250,9 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
   Launch launch;
   launch.kernel = &kernel;
   launch.fibers.resize(threads);
-  // Room for 16-byte accesses, and aligned as a device's shared memory is.
-  launch.shared.resize((shared_bytes + 15) / 16 * 16);
+  // The exact size (a read past it is the kernel's error); operator new aligns it to 16 bytes,
+  // as a device's shared memory is.
+  launch.shared.resize(shared_bytes);
   for (unsigned z = 0, i = 0; z < block.z; ++z) {
     for (unsigned y = 0; y < block.y; ++y) {
       for (unsigned x = 0; x < block.x; ++x, ++i) {

@@ -16,11 +16,16 @@
 // without a barrier between. The dynamic shared memory of each block starts as 0xff bytes (NaN
 // as floats), so that a read before any write shows.
 //
-// What it cannot show: speed, a race between blocks (they run one after another), the device's
-// own math functions (expf, log2f: the host's are called), memory accessed out of bounds
-// (host memory: nothing traps). A launch the device would refuse (more than 1024 threads in a
-// block, more than 48 KB of dynamic shared memory, a grid's y or z above 65535) is refused with
-// cudaErrorInvalidConfiguration, as cudaGetLastError reports it.
+// What it cannot show: speed; a race between blocks (they run one after another); a lost update
+// (a thread runs from barrier to barrier uninterrupted, so a plain read-modify-write where an
+// atomic is needed still adds up); a read of static __shared__ memory before any write (a
+// function's static array starts zeroed and keeps its values, unlike the dynamic part); the
+// device's own math functions (expf, log2f: the host's are called) and its contraction of a * b
+// + c into one rounding (built with -ffp-contract=off: a kernel that loses its __fmul_rn passes
+// here); memory accessed out of bounds (host memory: nothing traps). A launch the device would
+// refuse (more than 1024 threads in a block, more than 48 KB of dynamic shared memory (the static
+// part is not counted), a grid's y or z above 65535) is refused with cudaErrorInvalidConfiguration,
+// as cudaGetLastError reports it. A thread's stack is 64 KB with a guard page below it.
 #pragma once
 
 #include <math.h>
@@ -68,8 +73,9 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
 // - in_index_order: each thread in turn up to its next barrier, the first to the last;
 // - reversed: the same from the last to the first;
 // - warp_by_warp: each warp up to its next __syncthreads (through its shuffles) before the
-//   next warp starts: a warp runs ahead of the others as far as the barriers let it.
-enum class Order { in_index_order, reversed, warp_by_warp };
+//   next warp starts: a warp runs ahead of the others as far as the barriers let it;
+// - warps_reversed: the same from the last warp to the first.
+enum class Order { in_index_order, reversed, warp_by_warp, warps_reversed };
 void set_order(Order order);
 
 // The running block's dynamic shared memory.
