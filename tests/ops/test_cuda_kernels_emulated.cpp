@@ -3,9 +3,9 @@
 // rotary embedding forward and backward, the float8 casts, the cross-entropy rows. The same
 // cases as the GPU tests (ops/test_fused_cuda.cpp) where they are small enough to emulate: the
 // 16-byte and the single-element paths, rows wider than a block and more rows than blocks, the
-// weight gradient in shared and in global memory. Each runs with the threads in one order and
-// in the reverse: the results must be the same bits (a kernel that reads another thread's write
-// without a barrier between would differ). What only a GPU shows (speed, the device's math
+// weight gradient in shared and in global memory. Each runs in each of the emulator's four
+// orders of the threads: the results must be the same bits (a kernel that reads another
+// thread's write without a barrier between would differ). What only a GPU shows (speed, the device's math
 // functions, out-of-bounds accesses) is test_fused_cuda's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -11,7 +11,7 @@
 // threads that have not returned, a shuffle for the 32 lanes of the warp (a warp with an ended
 // lane, a shuffle's mask other than 0xffffffff, a warp split between a shuffle and
 // __syncthreads, or threads waiting on a barrier that cannot open are reported as errors: on a
-// GPU they hang or are undefined). Between barriers the threads run in one of three orders
+// GPU they hang or are undefined). Between barriers the threads run in one of four orders
 // (set_order): a kernel whose result depends on the order reads what another thread writes
 // without a barrier between. The dynamic shared memory of each block starts as 0xff bytes (NaN
 // as floats), so that a read before any write shows.
