@@ -5,8 +5,8 @@
 // 16-byte and the single-element paths, rows wider than a block and more rows than blocks, the
 // weight gradient in shared and in global memory. Each runs in each of the emulator's four
 // orders of the threads: the results must be the same bits (a kernel that reads another
-// thread's write without a barrier between would differ). What only a GPU shows (speed, the device's math
-// functions, out-of-bounds accesses) is test_fused_cuda's.
+// thread's write without a barrier between would differ). What only a GPU shows (speed, the
+// device's math functions, out-of-bounds accesses) is test_fused_cuda's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
