@@ -17,6 +17,7 @@
 #include "ops/cuda/cross_entropy_kernels.h"
 #include "ops/cuda/float8_kernels.h"
 #include "ops/cuda/fused_kernels.h"
+#include "ops/fused_reference.h"
 #include "support/tensor_compare.h"
 
 namespace fsdp::testing::cuda_emulated_test {
@@ -30,16 +31,9 @@ k::DType kernel_dtype(at::ScalarType t) {
                               : k::DType::kHalf;
 }
 
-double tolerance(at::ScalarType t) { return t == at::kFloat ? 2e-5 : 2e-2; }
-
-// `values` copied to a contiguous tensor of `dtype`, starting one element into its storage when
-// `offset` (then off a 16-byte boundary: the kernels' single-element paths).
+// `values` as `dtype` on the host, off a 16-byte boundary when `offset` (fused_reference.h).
 at::Tensor stored(const at::Tensor& values, at::ScalarType dtype, bool offset) {
-  const int64_t n = values.numel(), skip = offset ? 1 : 0;
-  auto t =
-      at::empty({n + skip}, values.options().dtype(dtype)).narrow(0, skip, n).view(values.sizes());
-  t.copy_(values);
-  return t;
+  return testing::stored(values, at::TensorOptions().dtype(dtype), offset);
 }
 
 // run() with the threads of each block in each of the emulator's orders: the tensors it returns
@@ -59,12 +53,6 @@ std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tenso
   }
   cuda_emulator::set_order(Order::in_index_order);
   return first;
-}
-
-at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& w, double eps) {
-  auto h = x.to(at::kFloat);
-  h = h * at::rsqrt(h.pow(2).mean(-1, true) + eps);
-  return w * h.to(x.scalar_type());
 }
 
 TEST(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
@@ -336,7 +324,8 @@ TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
         const auto f = logits.to(at::kFloat);
         const auto lse = at::logsumexp(f, 1);
         const auto target = f.gather(1, index.unsqueeze(1)).squeeze(1);
-        const auto out = in_every_order([&] {
+        // The rows' losses, on a copy of the logits that the gradient (with `grad`) overwrites.
+        const auto rows_of = [&](bool grad) {
           auto g = logits.clone();
           auto loss = at::empty({rows}, at::kFloat);
           EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), g.data_ptr(), rows, vocab,
@@ -344,18 +333,14 @@ TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
                                           counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
                                           given ? lse.data_ptr<float>() : nullptr,
                                           given ? target.data_ptr<float>() : nullptr,
-                                          loss.data_ptr<float>(), true, nullptr),
+                                          loss.data_ptr<float>(), grad, nullptr),
                     cudaSuccess);
+          return std::pair{loss, g};
+        };
+        const auto out = in_every_order([&] {
+          const auto [loss, g] = rows_of(true);
           // The loss alone: the logits are left as they are.
-          auto kept = logits.clone();
-          auto loss_only = at::empty({rows}, at::kFloat);
-          EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), kept.data_ptr(), rows, vocab,
-                                          index.data_ptr<int64_t>(), here.data_ptr<bool>(),
-                                          counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
-                                          given ? lse.data_ptr<float>() : nullptr,
-                                          given ? target.data_ptr<float>() : nullptr,
-                                          loss_only.data_ptr<float>(), false, nullptr),
-                    cudaSuccess);
+          const auto [loss_only, kept] = rows_of(false);
           EXPECT_TRUE(kept.equal(logits));
           return std::vector<at::Tensor>{loss, g, loss_only};
         });
@@ -373,18 +358,12 @@ TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
 
 // The emulator itself: what it refuses, and a race it shows. Toy kernels.
 
-// Thread i writes its slot, then reads its neighbour's without a barrier between: a race.
-__global__ void racy_kernel(int* out) {
+// Thread i writes its slot, then reads its neighbour's: without the barrier between (`synced`
+// false) a race; with it, every order gives the neighbour's index.
+__global__ void neighbour_kernel(int* out, bool synced) {
   int* slots = cuda_emulator::dynamic_shared<int>();
   slots[threadIdx.x] = static_cast<int>(threadIdx.x);
-  out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
-}
-
-// The same with the barrier: every order gives the neighbour's index.
-__global__ void synced_kernel(int* out) {
-  int* slots = cuda_emulator::dynamic_shared<int>();
-  slots[threadIdx.x] = static_cast<int>(threadIdx.x);
-  __syncthreads();
+  if (synced) __syncthreads();
   out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
 }
 
@@ -411,18 +390,19 @@ __global__ void ended_lanes_kernel(int* out) {
 }
 
 TEST(CudaEmulator, ShowsARaceAndNotItsFix) {
-  auto run = [](void (*kernel)(int*), cuda_emulator::Order order) {
+  auto run = [](bool synced, cuda_emulator::Order order) {
     cuda_emulator::set_order(order);
     auto out = at::empty({64}, at::kInt);
-    cuda_emulator::launch(kernel, 1, 64, 64 * sizeof(int), nullptr, out.data_ptr<int>());
+    cuda_emulator::launch(neighbour_kernel, 1, 64, 64 * sizeof(int), nullptr, out.data_ptr<int>(),
+                          synced);
     cuda_emulator::set_order(cuda_emulator::Order::in_index_order);
     return out;
   };
   using cuda_emulator::Order;
-  EXPECT_FALSE(run(racy_kernel, Order::in_index_order).equal(run(racy_kernel, Order::reversed)));
+  EXPECT_FALSE(run(false, Order::in_index_order).equal(run(false, Order::reversed)));
   const auto expected = (at::arange(64, at::kInt) + 1) % 64;
   for (auto order : {Order::in_index_order, Order::reversed, Order::warp_by_warp}) {
-    EXPECT_TRUE(run(synced_kernel, order).equal(expected));
+    EXPECT_TRUE(run(true, order).equal(expected));
   }
 }
 
@@ -443,9 +423,9 @@ TEST(CudaEmulator, RefusesWhatHangsOrFailsOnAGpu) {
   EXPECT_THROW(cuda_emulator::launch(ended_lanes_kernel, 1, 32, 0, nullptr, out.data_ptr<int>()),
                std::runtime_error);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-  cuda_emulator::launch(synced_kernel, 1, 1025, 0, nullptr, out.data_ptr<int>());
+  cuda_emulator::launch(neighbour_kernel, 1, 1025, 0, nullptr, out.data_ptr<int>(), true);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
-  cuda_emulator::launch(synced_kernel, 1, 32, 48 * 1024 + 1, nullptr, out.data_ptr<int>());
+  cuda_emulator::launch(neighbour_kernel, 1, 32, 48 * 1024 + 1, nullptr, out.data_ptr<int>(), true);
   EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once
 }

@@ -20,6 +20,7 @@
 #include "fsdp/ops/fused.h"
 #include "fsdp/tools/memory.h"
 #include "ops/float8_cast.h"
+#include "ops/fused_reference.h"
 #include "support/gpu.h"
 #include "support/tensor_compare.h"
 #include "support/torch_api.h"
@@ -27,31 +28,12 @@
 namespace fsdp::testing::fused_cuda_test {
 namespace {
 
-// The twins, written out here (not the library's fallback) so that the comparison is with
-// transformers' formulas themselves.
-at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& w, double eps) {
-  auto h = x.to(at::kFloat);
-  h = h * at::rsqrt(h.pow(2).mean(-1, true) + eps);
-  return w * h.to(x.scalar_type());
-}
-
-double tolerance(at::ScalarType t) { return t == at::kFloat ? 2e-5 : 2e-2; }
-
 TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
   FSDP_SKIP_WITHOUT_GPU();
   if (gpu_required()) {
     EXPECT_TRUE(ops::cuda_kernels_built());
   }
   if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
-}
-
-// `values` copied to a contiguous tensor of `opts`, starting one element into its storage when
-// `offset` (then off a 16-byte boundary: the kernels' single-element paths).
-at::Tensor stored(const at::Tensor& values, const at::TensorOptions& opts, bool offset) {
-  const int64_t n = values.numel(), skip = offset ? 1 : 0;
-  auto t = at::empty({n + skip}, opts).narrow(0, skip, n).view(values.sizes());
-  t.copy_(values);
-  return t;
 }
 
 // The device memory `f` allocates at its peak beyond what was allocated before it.

@@ -90,7 +90,7 @@ void fiber_main() {
   }
 }
 
-std::string where(const char* what) {
+std::string where(const std::string& what) {
   return std::string("cuda emulator: block (") + std::to_string(blockIdx.x) + ", " +
          std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) + "): " + what;
 }
@@ -165,15 +165,15 @@ void run_block(Launch& launch) {
   if (!launch.shared.empty()) std::memset(launch.shared.data(), 0xff, launch.shared.size());
   const int n = static_cast<int>(fibers.size());
   while (true) {
-    if (order == cuda_emulator::Order::warp_by_warp) {
-      for (int w = 0; w < n; w += kWarp)
-        run_until_waiting(launch, w, std::min(n, w + kWarp), false);
-    } else if (order == cuda_emulator::Order::warps_reversed) {
-      for (int w = (n - 1) / kWarp * kWarp; w >= 0; w -= kWarp) {
+    using cuda_emulator::Order;
+    if (order == Order::warp_by_warp || order == Order::warps_reversed) {
+      const int warps = (n + kWarp - 1) / kWarp;
+      for (int k = 0; k < warps; ++k) {
+        const int w = (order == Order::warps_reversed ? warps - 1 - k : k) * kWarp;
         run_until_waiting(launch, w, std::min(n, w + kWarp), false);
       }
     } else {
-      run_until_waiting(launch, 0, n, order == cuda_emulator::Order::reversed);
+      run_until_waiting(launch, 0, n, order == Order::reversed);
     }
     int ended = 0, at_syncthreads = 0;
     for (const auto& f : fibers) {
@@ -188,9 +188,8 @@ void run_block(Launch& launch) {
       continue;
     }
     throw std::runtime_error(
-        where((std::to_string(at_syncthreads) + " threads wait at __syncthreads, " +
-               std::to_string(n - ended - at_syncthreads) + " at a shuffle whose warp cannot meet")
-                  .c_str()));
+        where(std::to_string(at_syncthreads) + " threads wait at __syncthreads, " +
+              std::to_string(n - ended - at_syncthreads) + " at a shuffle whose warp cannot meet"));
   }
 }
 
