@@ -5,8 +5,9 @@
 // 16-byte and the single-element paths, rows wider than a block and more rows than blocks, the
 // weight gradient in shared and in global memory. Each runs in each of the emulator's four
 // orders of the threads: the results must be the same bits (a kernel that reads another
-// thread's write without a barrier between would differ). What only a GPU shows (speed, the
-// device's math functions, out-of-bounds accesses) is test_fused_cuda's.
+// thread's write without a barrier between would differ); and in two grids, the launches' own
+// and one cut to 2 blocks (so that a block takes several rows: in_each_grid). What only a GPU
+// shows (speed, the device's math functions, out-of-bounds accesses) is test_fused_cuda's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -55,6 +56,21 @@ std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tenso
   return first;
 }
 
+// f() in each grid a case runs in: the launches' own, then at most 2 blocks in each dimension a
+// kernel strides over, so that one block takes several rows or tiles and the barriers that guard
+// a shared buffer's reuse from one to the next run (at the launches' own grids each block gets
+// one row at these sizes). Results may differ between the two in rounding (the RMSNorm weight
+// gradient sums per block), so each is compared with the formula.
+void in_each_grid(const std::function<void(int64_t grid_blocks)>& f) {
+  for (int64_t blocks : {int64_t{INT64_MAX}, int64_t{2}}) {
+    SCOPED_TRACE(blocks == INT64_MAX ? "the launches' own grid" : "at most 2 blocks a dimension");
+    cuda_emulator::Limits limits;
+    limits.grid_blocks = blocks;
+    cuda_emulator::ScopedLimits scoped(limits);
+    f(blocks);
+  }
+}
+
 TEST(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
   struct Case {
     int64_t rows, d;
@@ -62,99 +78,108 @@ TEST(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
   };
   const std::vector<Case> cases{{5, 3},      {5, 1000},  {5, 1000, true}, {5, 1001}, {5, 2048},
                                 {1030, 520}, {3, 12032}, {3, 12033},      {2, 16384}};
-  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    for (const auto& [rows, d, offset] : cases) {
-      const auto where = ::testing::Message() << c10::toString(dtype) << " rows " << rows << " d "
-                                              << d << " offset " << offset;
-      at::manual_seed(5);
-      const auto x = stored(at::randn({rows, d}) * 3, dtype, offset);
-      const auto w = (at::rand({d}) + 0.5).to(dtype);
-      const auto dy = stored(at::randn({rows, d}), dtype, offset);
-      const auto out = in_every_order([&] {
-        auto y = at::empty_like(x), dx = at::empty_like(x), dx_frozen = at::empty_like(x);
-        auto rstd = at::empty({rows}, at::kFloat), dw = at::empty({d}, at::kFloat);
-        auto workspace = at::empty({k::rms_norm_workspace_floats(rows, d)}, at::kFloat);
-        const auto t = kernel_dtype(dtype);
-        EXPECT_EQ(k::rms_norm_forward(t, x.data_ptr(), w.data_ptr(), y.data_ptr(),
-                                      rstd.data_ptr<float>(), rows, d, 1e-5f, nullptr),
-                  cudaSuccess);
-        EXPECT_EQ(k::rms_norm_backward(t, dy.data_ptr(), x.data_ptr(), w.data_ptr(),
-                                       rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(),
-                                       workspace.data_ptr<float>(), rows, d, nullptr),
-                  cudaSuccess);
-        EXPECT_EQ(k::rms_norm_backward(t, dy.data_ptr(), x.data_ptr(), w.data_ptr(),
-                                       rstd.data_ptr<float>(), dx_frozen.data_ptr(), nullptr,
-                                       nullptr, rows, d, nullptr),
-                  cudaSuccess);
-        return std::vector<at::Tensor>{y, rstd, dx, dw, dx_frozen};
-      });
-      auto xr = x.detach().clone().requires_grad_(), wr = w.clone().requires_grad_();
-      auto yr = rms_norm_reference(xr, wr, 1e-5);
-      yr.backward(dy);
-      const auto tol = tolerance(dtype);
-      EXPECT_LT(rel_diff(out[0], yr), tol) << where;
-      EXPECT_LT(rel_diff(out[1], at::rsqrt(x.to(at::kFloat).pow(2).mean(-1) + 1e-5)), 1e-5)
-          << where;
-      EXPECT_LT(rel_diff(out[2], xr.grad()), tol) << where;
-      EXPECT_LT(rel_diff(out[3], wr.grad()), tol) << where;
-      EXPECT_TRUE(out[4].equal(out[2])) << where << ": a frozen weight changes x's gradient";
+  in_each_grid([&](int64_t grid_blocks) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (const auto& [rows, d, offset] : cases) {
+        // Its backward blocks already take 2-3 rows each at the launch's own grid.
+        if (grid_blocks != INT64_MAX && rows > 1000) continue;
+        const auto where = ::testing::Message() << c10::toString(dtype) << " rows " << rows << " d "
+                                                << d << " offset " << offset;
+        at::manual_seed(5);
+        const auto x = stored(at::randn({rows, d}) * 3, dtype, offset);
+        const auto w = (at::rand({d}) + 0.5).to(dtype);
+        const auto dy = stored(at::randn({rows, d}), dtype, offset);
+        const auto out = in_every_order([&] {
+          auto y = at::empty_like(x), dx = at::empty_like(x), dx_frozen = at::empty_like(x);
+          auto rstd = at::empty({rows}, at::kFloat), dw = at::empty({d}, at::kFloat);
+          auto workspace = at::empty({k::rms_norm_workspace_floats(rows, d)}, at::kFloat);
+          const auto t = kernel_dtype(dtype);
+          EXPECT_EQ(k::rms_norm_forward(t, x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                        rstd.data_ptr<float>(), rows, d, 1e-5f, nullptr),
+                    cudaSuccess);
+          EXPECT_EQ(
+              k::rms_norm_backward(t, dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                                   rstd.data_ptr<float>(), dx.data_ptr(), dw.data_ptr<float>(),
+                                   workspace.data_ptr<float>(), rows, d, nullptr),
+              cudaSuccess);
+          EXPECT_EQ(k::rms_norm_backward(t, dy.data_ptr(), x.data_ptr(), w.data_ptr(),
+                                         rstd.data_ptr<float>(), dx_frozen.data_ptr(), nullptr,
+                                         nullptr, rows, d, nullptr),
+                    cudaSuccess);
+          return std::vector<at::Tensor>{y, rstd, dx, dw, dx_frozen};
+        });
+        auto xr = x.detach().clone().requires_grad_(), wr = w.clone().requires_grad_();
+        auto yr = rms_norm_reference(xr, wr, 1e-5);
+        yr.backward(dy);
+        const auto tol = tolerance(dtype);
+        EXPECT_LT(rel_diff(out[0], yr), tol) << where;
+        EXPECT_LT(rel_diff(out[1], at::rsqrt(x.to(at::kFloat).pow(2).mean(-1) + 1e-5)), 1e-5)
+            << where;
+        EXPECT_LT(rel_diff(out[2], xr.grad()), tol) << where;
+        EXPECT_LT(rel_diff(out[3], wr.grad()), tol) << where;
+        EXPECT_TRUE(out[4].equal(out[2])) << where << ": a frozen weight changes x's gradient";
+      }
     }
-  }
+  });
 }
 
 // h = cast(x + y) bit for bit (one rounded add), and the norm of h as rms_norm_forward's.
 TEST(CudaKernelsEmulated, AddRmsNormEqualsTheAddThenTheNorm) {
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t d : {1000, 1001}) {
-      const auto where = ::testing::Message() << c10::toString(dtype) << " d " << d;
-      at::manual_seed(6);
-      const int64_t rows = 7;
-      const auto x = at::randn({rows, d}).to(dtype), y = at::randn({rows, d}).to(dtype);
-      const auto w = (at::rand({d}) + 0.5).to(dtype);
-      const auto out = in_every_order([&] {
-        auto h = at::empty_like(x), o = at::empty_like(x), rstd = at::empty({rows}, at::kFloat);
-        EXPECT_EQ(k::add_rms_norm_forward(kernel_dtype(dtype), x.data_ptr(), y.data_ptr(),
-                                          h.data_ptr(), w.data_ptr(), o.data_ptr(),
-                                          rstd.data_ptr<float>(), rows, d, 1e-6f, nullptr),
-                  cudaSuccess);
-        return std::vector<at::Tensor>{h, o};
-      });
-      EXPECT_TRUE(out[0].equal(x + y)) << where;
-      EXPECT_LT(rel_diff(out[1], rms_norm_reference(x + y, w, 1e-6)), tolerance(dtype)) << where;
+  in_each_grid([&](int64_t) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t d : {1000, 1001}) {
+        const auto where = ::testing::Message() << c10::toString(dtype) << " d " << d;
+        at::manual_seed(6);
+        const int64_t rows = 7;
+        const auto x = at::randn({rows, d}).to(dtype), y = at::randn({rows, d}).to(dtype);
+        const auto w = (at::rand({d}) + 0.5).to(dtype);
+        const auto out = in_every_order([&] {
+          auto h = at::empty_like(x), o = at::empty_like(x), rstd = at::empty({rows}, at::kFloat);
+          EXPECT_EQ(k::add_rms_norm_forward(kernel_dtype(dtype), x.data_ptr(), y.data_ptr(),
+                                            h.data_ptr(), w.data_ptr(), o.data_ptr(),
+                                            rstd.data_ptr<float>(), rows, d, 1e-6f, nullptr),
+                    cudaSuccess);
+          return std::vector<at::Tensor>{h, o};
+        });
+        EXPECT_TRUE(out[0].equal(x + y)) << where;
+        EXPECT_LT(rel_diff(out[1], rms_norm_reference(x + y, w, 1e-6)), tolerance(dtype)) << where;
+      }
     }
-  }
+  });
 }
 
 // cast(silu(gate)) * up and its gradients by autograd, over an element count that divides into
 // 16-byte packs (4096), one that does not (1001), and views off a 16-byte boundary.
 TEST(CudaKernelsEmulated, SwigluEqualsSiluTimesUp) {
-  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    for (auto [numel, offset] : {std::pair{int64_t{4096}, false}, std::pair{int64_t{1001}, false},
-                                 std::pair{int64_t{4096}, true}}) {
-      const auto where = ::testing::Message()
-                         << c10::toString(dtype) << " numel " << numel << " offset " << offset;
-      at::manual_seed(7);
-      const auto g = stored(at::randn({numel}) * 3, dtype, offset);
-      const auto u = stored(at::randn({numel}), dtype, offset);
-      const auto dout = stored(at::randn({numel}), dtype, offset);
-      const auto out = in_every_order([&] {
-        auto o = at::empty_like(g), dg = at::empty_like(g), du = at::empty_like(g);
-        const auto t = kernel_dtype(dtype);
-        EXPECT_EQ(k::swiglu_forward(t, g.data_ptr(), u.data_ptr(), o.data_ptr(), numel, nullptr),
-                  cudaSuccess);
-        EXPECT_EQ(k::swiglu_backward(t, dout.data_ptr(), g.data_ptr(), u.data_ptr(), dg.data_ptr(),
-                                     du.data_ptr(), numel, nullptr),
-                  cudaSuccess);
-        return std::vector<at::Tensor>{o, dg, du};
-      });
-      auto gr = g.detach().clone().requires_grad_(), ur = u.detach().clone().requires_grad_();
-      auto ref = at::silu(gr) * ur;
-      ref.backward(dout);
-      EXPECT_LT(rel_diff(out[0], ref), tolerance(dtype)) << where;
-      EXPECT_LT(rel_diff(out[1], gr.grad()), tolerance(dtype)) << where;
-      EXPECT_LT(rel_diff(out[2], ur.grad()), tolerance(dtype)) << where;
+  in_each_grid([&](int64_t) {
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      for (auto [numel, offset] : {std::pair{int64_t{4096}, false}, std::pair{int64_t{1001}, false},
+                                   std::pair{int64_t{4096}, true}}) {
+        const auto where = ::testing::Message()
+                           << c10::toString(dtype) << " numel " << numel << " offset " << offset;
+        at::manual_seed(7);
+        const auto g = stored(at::randn({numel}) * 3, dtype, offset);
+        const auto u = stored(at::randn({numel}), dtype, offset);
+        const auto dout = stored(at::randn({numel}), dtype, offset);
+        const auto out = in_every_order([&] {
+          auto o = at::empty_like(g), dg = at::empty_like(g), du = at::empty_like(g);
+          const auto t = kernel_dtype(dtype);
+          EXPECT_EQ(k::swiglu_forward(t, g.data_ptr(), u.data_ptr(), o.data_ptr(), numel, nullptr),
+                    cudaSuccess);
+          EXPECT_EQ(k::swiglu_backward(t, dout.data_ptr(), g.data_ptr(), u.data_ptr(),
+                                       dg.data_ptr(), du.data_ptr(), numel, nullptr),
+                    cudaSuccess);
+          return std::vector<at::Tensor>{o, dg, du};
+        });
+        auto gr = g.detach().clone().requires_grad_(), ur = u.detach().clone().requires_grad_();
+        auto ref = at::silu(gr) * ur;
+        ref.backward(dout);
+        EXPECT_LT(rel_diff(out[0], ref), tolerance(dtype)) << where;
+        EXPECT_LT(rel_diff(out[1], gr.grad()), tolerance(dtype)) << where;
+        EXPECT_LT(rel_diff(out[2], ur.grad()), tolerance(dtype)) << where;
+      }
     }
-  }
+  });
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -165,34 +190,45 @@ at::Tensor rotate_half(const at::Tensor& x) {
 // transformers' apply_rotary_pos_emb on x [batch, seq, heads, d] seen as [batch, heads, seq, d],
 // cos and sin [1 or batch, seq, d]: bit for bit, forward and backward (autograd's).
 TEST(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t cos_batch : {1, 2}) {
-      const auto where = ::testing::Message() << c10::toString(dtype) << " cos batch " << cos_batch;
-      at::manual_seed(8);
-      const int64_t batch = 2, seq = 5, heads = 3, d = 8;
-      const auto x = at::randn({batch, seq, heads, d}).to(dtype);
-      const auto cos = at::randn({cos_batch, seq, d}).to(dtype);
-      const auto sin = at::randn({cos_batch, seq, d}).to(dtype);
-      const auto dout = at::randn({batch, seq, heads, d}).to(dtype);
-      const auto out = in_every_order([&] {
-        auto o = at::empty_like(x), dx = at::empty_like(x);
-        const auto t = kernel_dtype(dtype);
-        EXPECT_EQ(k::rope_forward(t, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), o.data_ptr(),
-                                  batch, seq, heads, d, cos_batch, nullptr),
-                  cudaSuccess);
-        EXPECT_EQ(k::rope_backward(t, dout.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                   dx.data_ptr(), batch, seq, heads, d, cos_batch, nullptr),
-                  cudaSuccess);
-        return std::vector<at::Tensor>{o, dx};
-      });
-      auto xr = x.detach().clone().transpose(1, 2).requires_grad_();  // [batch, heads, seq, d]
-      const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
-      auto ref = xr * c + rotate_half(xr) * s;
-      ref.backward(dout.transpose(1, 2));
-      EXPECT_TRUE(out[0].equal(ref.transpose(1, 2))) << where;
-      EXPECT_TRUE(out[1].equal(xr.grad().transpose(1, 2))) << where;
+  in_each_grid([&](int64_t grid_blocks) {
+    // Also with 64-bit offsets, the kernel's path past 4G elements.
+    for (bool wide : {false, true}) {
+      SCOPED_TRACE(wide ? "64-bit offsets" : "32-bit offsets");
+      cuda_emulator::Limits limits;
+      limits.grid_blocks = grid_blocks;
+      if (wide) limits.narrow_index = 0;
+      cuda_emulator::ScopedLimits scoped(limits);
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (int64_t cos_batch : {1, 2}) {
+          const auto where = ::testing::Message()
+                             << c10::toString(dtype) << " cos batch " << cos_batch;
+          at::manual_seed(8);
+          const int64_t batch = 2, seq = 5, heads = 3, d = 8;
+          const auto x = at::randn({batch, seq, heads, d}).to(dtype);
+          const auto cos = at::randn({cos_batch, seq, d}).to(dtype);
+          const auto sin = at::randn({cos_batch, seq, d}).to(dtype);
+          const auto dout = at::randn({batch, seq, heads, d}).to(dtype);
+          const auto out = in_every_order([&] {
+            auto o = at::empty_like(x), dx = at::empty_like(x);
+            const auto t = kernel_dtype(dtype);
+            EXPECT_EQ(k::rope_forward(t, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), o.data_ptr(),
+                                      batch, seq, heads, d, cos_batch, nullptr),
+                      cudaSuccess);
+            EXPECT_EQ(k::rope_backward(t, dout.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                       dx.data_ptr(), batch, seq, heads, d, cos_batch, nullptr),
+                      cudaSuccess);
+            return std::vector<at::Tensor>{o, dx};
+          });
+          auto xr = x.detach().clone().transpose(1, 2).requires_grad_();  // [batch, heads, seq, d]
+          const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+          auto ref = xr * c + rotate_half(xr) * s;
+          ref.backward(dout.transpose(1, 2));
+          EXPECT_TRUE(out[0].equal(ref.transpose(1, 2))) << where;
+          EXPECT_TRUE(out[1].equal(xr.grad().transpose(1, 2))) << where;
+        }
+      }
     }
-  }
+  });
   // An odd last dimension and a cos batch that is neither 1 nor the batch are refused.
   const auto x = at::zeros({3, 1, 1, 4});
   EXPECT_EQ(k::rope_forward(k::DType::kFloat, x.data_ptr(), x.data_ptr(), x.data_ptr(),
@@ -220,52 +256,54 @@ at::Tensor cast_bytes(const at::Tensor& x, const at::Tensor& scale, k::Float8For
 // The tensorwise cast: the amax, the scale and the bytes of the row-major result and of the
 // transpose (in a wider buffer, whose extra columns stay as they were), tiles cut at the edges.
 TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (auto format : {k::Float8Format::kE4M3, k::Float8Format::kE5M2}) {
-      for (auto [rows, cols] :
-           {std::pair{int64_t{70}, int64_t{45}}, std::pair{int64_t{33}, int64_t{64}}}) {
-        const auto where = ::testing::Message()
-                           << c10::toString(dtype) << " format " << static_cast<int>(format) << " "
-                           << rows << " x " << cols;
-        at::manual_seed(9);
-        const auto x = (at::randn({rows, cols}) * 100).to(dtype);
-        const int64_t ld_t = rows + 3;
-        const auto out = in_every_order([&] {
-          auto amax = at::empty({1}, at::kFloat), scale = at::empty({1}, at::kFloat);
-          auto o = at::empty({rows, cols}, at::kByte);
-          auto ot = at::full({cols, ld_t}, 0x55, at::kByte);
-          const auto t = kernel_dtype(dtype);
-          EXPECT_EQ(k::abs_max(t, x.data_ptr(), rows * cols, amax.data_ptr<float>(), nullptr),
-                    cudaSuccess);
-          EXPECT_EQ(
-              k::float8_cast(t, format, x.data_ptr(), rows, cols, amax.data_ptr<float>(),
-                             scale.data_ptr<float>(), o.data_ptr(), ot.data_ptr(), ld_t, nullptr),
-              cudaSuccess);
-          // The same scale given instead of the amax, the row-major result alone.
-          auto o2 = at::empty({rows, cols}, at::kByte);
-          EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
-                                   scale.data_ptr<float>(), o2.data_ptr(), nullptr, 0, nullptr),
-                    cudaSuccess);
-          // Four times that scale: the largest values saturate at the format's largest.
-          auto scale4 = scale * 4, o4 = at::empty({rows, cols}, at::kByte);
-          EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
-                                   scale4.data_ptr<float>(), o4.data_ptr(), nullptr, 0, nullptr),
-                    cudaSuccess);
-          return std::vector<at::Tensor>{amax, scale, o, ot, o2, o4};
-        });
-        const auto amax = x.to(at::kFloat).abs().max().reshape({1});
-        EXPECT_TRUE(out[0].equal(amax)) << where;
-        const auto scale = scale_of(amax, format);
-        EXPECT_TRUE(out[1].equal(scale)) << where;
-        const auto bytes = cast_bytes(x, scale, format);
-        EXPECT_TRUE(out[2].equal(bytes)) << where;
-        EXPECT_TRUE(out[3].narrow(1, 0, rows).equal(bytes.t())) << where;
-        EXPECT_TRUE((out[3].narrow(1, rows, 3) == 0x55).all().item<bool>()) << where;
-        EXPECT_TRUE(out[4].equal(bytes)) << where;
-        EXPECT_TRUE(out[5].equal(cast_bytes(x, scale * 4, format))) << where;
+  in_each_grid([&](int64_t) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (auto format : {k::Float8Format::kE4M3, k::Float8Format::kE5M2}) {
+        for (auto [rows, cols] :
+             {std::pair{int64_t{70}, int64_t{45}}, std::pair{int64_t{33}, int64_t{64}}}) {
+          const auto where = ::testing::Message()
+                             << c10::toString(dtype) << " format " << static_cast<int>(format)
+                             << " " << rows << " x " << cols;
+          at::manual_seed(9);
+          const auto x = (at::randn({rows, cols}) * 100).to(dtype);
+          const int64_t ld_t = rows + 3;
+          const auto out = in_every_order([&] {
+            auto amax = at::empty({1}, at::kFloat), scale = at::empty({1}, at::kFloat);
+            auto o = at::empty({rows, cols}, at::kByte);
+            auto ot = at::full({cols, ld_t}, 0x55, at::kByte);
+            const auto t = kernel_dtype(dtype);
+            EXPECT_EQ(k::abs_max(t, x.data_ptr(), rows * cols, amax.data_ptr<float>(), nullptr),
+                      cudaSuccess);
+            EXPECT_EQ(
+                k::float8_cast(t, format, x.data_ptr(), rows, cols, amax.data_ptr<float>(),
+                               scale.data_ptr<float>(), o.data_ptr(), ot.data_ptr(), ld_t, nullptr),
+                cudaSuccess);
+            // The same scale given instead of the amax, the row-major result alone.
+            auto o2 = at::empty({rows, cols}, at::kByte);
+            EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
+                                     scale.data_ptr<float>(), o2.data_ptr(), nullptr, 0, nullptr),
+                      cudaSuccess);
+            // Four times that scale: the largest values saturate at the format's largest.
+            auto scale4 = scale * 4, o4 = at::empty({rows, cols}, at::kByte);
+            EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
+                                     scale4.data_ptr<float>(), o4.data_ptr(), nullptr, 0, nullptr),
+                      cudaSuccess);
+            return std::vector<at::Tensor>{amax, scale, o, ot, o2, o4};
+          });
+          const auto amax = x.to(at::kFloat).abs().max().reshape({1});
+          EXPECT_TRUE(out[0].equal(amax)) << where;
+          const auto scale = scale_of(amax, format);
+          EXPECT_TRUE(out[1].equal(scale)) << where;
+          const auto bytes = cast_bytes(x, scale, format);
+          EXPECT_TRUE(out[2].equal(bytes)) << where;
+          EXPECT_TRUE(out[3].narrow(1, 0, rows).equal(bytes.t())) << where;
+          EXPECT_TRUE((out[3].narrow(1, rows, 3) == 0x55).all().item<bool>()) << where;
+          EXPECT_TRUE(out[4].equal(bytes)) << where;
+          EXPECT_TRUE(out[5].equal(cast_bytes(x, scale * 4, format))) << where;
+        }
       }
     }
-  }
+  });
   // A NaN anywhere makes the amax NaN (the largest bits).
   auto x = at::randn({100});
   x[37] = NAN;
@@ -278,82 +316,86 @@ TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
 // The rowwise recipe's casts: a power-of-2 scale per row (axis 1) or per column (axis 0),
 // exp2(floor(log2(scale))) in float32; a NaN in a slice makes its scale and its elements NaN.
 TEST(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int axis : {0, 1}) {
-      const auto where = ::testing::Message() << c10::toString(dtype) << " axis " << axis;
-      const auto format = k::Float8Format::kE4M3;
-      at::manual_seed(10);
-      const int64_t rows = 70, cols = 300;
-      auto x = (at::randn({rows, cols}) * at::rand({rows, 1}) * 50).to(dtype);
-      x[3][5] = NAN;
-      x[7].zero_();  // an all-zero row: its amax is 0, the scale torchao's of 1e-12
-      x.select(1, 11).zero_();
-      const auto out = in_every_order([&] {
-        auto scale = at::empty({axis == 1 ? rows : cols}, at::kFloat);
-        auto o = at::empty({rows, cols}, at::kByte);
-        EXPECT_EQ(k::float8_cast_axiswise(kernel_dtype(dtype), format, x.data_ptr(), rows, cols,
-                                          axis, scale.data_ptr<float>(), o.data_ptr(), nullptr),
-                  cudaSuccess);
-        return std::vector<at::Tensor>{scale, o};
-      });
-      const auto amax = std::get<0>(x.to(at::kFloat).abs().max(axis, true));
-      auto scale = scale_of(amax, format);
-      scale = at::exp2(at::floor(at::log2(scale)));
-      EXPECT_TRUE(at::allclose(out[0], scale.flatten(), 0, 0, /*equal_nan=*/true)) << where;
-      EXPECT_TRUE(out[1].equal(cast_bytes(x, scale, format))) << where;
+  in_each_grid([&](int64_t) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int axis : {0, 1}) {
+        const auto where = ::testing::Message() << c10::toString(dtype) << " axis " << axis;
+        const auto format = k::Float8Format::kE4M3;
+        at::manual_seed(10);
+        const int64_t rows = 70, cols = 300;
+        auto x = (at::randn({rows, cols}) * at::rand({rows, 1}) * 50).to(dtype);
+        x[3][5] = NAN;
+        x[7].zero_();  // an all-zero row: its amax is 0, the scale torchao's of 1e-12
+        x.select(1, 11).zero_();
+        const auto out = in_every_order([&] {
+          auto scale = at::empty({axis == 1 ? rows : cols}, at::kFloat);
+          auto o = at::empty({rows, cols}, at::kByte);
+          EXPECT_EQ(k::float8_cast_axiswise(kernel_dtype(dtype), format, x.data_ptr(), rows, cols,
+                                            axis, scale.data_ptr<float>(), o.data_ptr(), nullptr),
+                    cudaSuccess);
+          return std::vector<at::Tensor>{scale, o};
+        });
+        const auto amax = std::get<0>(x.to(at::kFloat).abs().max(axis, true));
+        auto scale = scale_of(amax, format);
+        scale = at::exp2(at::floor(at::log2(scale)));
+        EXPECT_TRUE(at::allclose(out[0], scale.flatten(), 0, 0, /*equal_nan=*/true)) << where;
+        EXPECT_TRUE(out[1].equal(cast_bytes(x, scale, format))) << where;
+      }
     }
-  }
+  });
 }
 
 // The cross-entropy rows: loss = logsumexp - the target's logit, the gradient (softmax - the
 // one-hot where the target is here) * inv_count in place of the logits; rows not counted get 0
 // and zeros; with lse and target given (the vocabulary split over ranks), the same.
 TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (int64_t vocab : {1000, 1001}) {
-      for (bool given : {false, true}) {
-        const auto where = ::testing::Message()
-                           << c10::toString(dtype) << " vocab " << vocab << " lse given " << given;
-        at::manual_seed(11);
-        const int64_t rows = 6;
-        const auto logits = (at::randn({rows, vocab}) * 4).to(dtype);
-        const auto index = at::randint(vocab, {rows}, at::kLong);
-        const auto counted = at::tensor({1, 1, 0, 1, 1, 1}, at::kInt).to(at::kBool);
-        const auto here = at::tensor({1, 1, 1, 0, 1, 1}, at::kInt).to(at::kBool);
-        const auto inv_count = at::full({1}, 0.2f, at::kFloat);
-        const auto f = logits.to(at::kFloat);
-        const auto lse = at::logsumexp(f, 1);
-        const auto target = f.gather(1, index.unsqueeze(1)).squeeze(1);
-        // The rows' losses, on a copy of the logits that the gradient (with `grad`) overwrites.
-        const auto rows_of = [&](bool grad) {
-          auto g = logits.clone();
-          auto loss = at::empty({rows}, at::kFloat);
-          EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), g.data_ptr(), rows, vocab,
-                                          index.data_ptr<int64_t>(), here.data_ptr<bool>(),
-                                          counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
-                                          given ? lse.data_ptr<float>() : nullptr,
-                                          given ? target.data_ptr<float>() : nullptr,
-                                          loss.data_ptr<float>(), grad, nullptr),
-                    cudaSuccess);
-          return std::pair{loss, g};
-        };
-        const auto out = in_every_order([&] {
-          const auto [loss, g] = rows_of(true);
-          // The loss alone: the logits are left as they are.
-          const auto [loss_only, kept] = rows_of(false);
-          EXPECT_TRUE(kept.equal(logits));
-          return std::vector<at::Tensor>{loss, g, loss_only};
-        });
-        const auto one_hot = at::one_hot(index, vocab).to(at::kFloat) * here.unsqueeze(1);
-        const auto keep = counted.to(at::kFloat);
-        const auto grad = ((at::softmax(f, 1) - one_hot) * 0.2 * keep.unsqueeze(1)).to(dtype);
-        EXPECT_LT(rel_diff(out[0], (lse - target) * keep), 1e-6) << where;
-        EXPECT_LT(rel_diff(out[1], grad), tolerance(dtype)) << where;
-        EXPECT_TRUE((out[1][2] == 0).all().item<bool>()) << where;
-        EXPECT_TRUE(out[2].equal(out[0])) << where;
+  in_each_grid([&](int64_t) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t vocab : {1000, 1001}) {
+        for (bool given : {false, true}) {
+          const auto where = ::testing::Message() << c10::toString(dtype) << " vocab " << vocab
+                                                  << " lse given " << given;
+          at::manual_seed(11);
+          const int64_t rows = 6;
+          const auto logits = (at::randn({rows, vocab}) * 4).to(dtype);
+          const auto index = at::randint(vocab, {rows}, at::kLong);
+          const auto counted = at::tensor({1, 1, 0, 1, 1, 1}, at::kInt).to(at::kBool);
+          const auto here = at::tensor({1, 1, 1, 0, 1, 1}, at::kInt).to(at::kBool);
+          const auto inv_count = at::full({1}, 0.2f, at::kFloat);
+          const auto f = logits.to(at::kFloat);
+          const auto lse = at::logsumexp(f, 1);
+          const auto target = f.gather(1, index.unsqueeze(1)).squeeze(1);
+          // The rows' losses, on a copy of the logits that the gradient (with `grad`) overwrites.
+          const auto rows_of = [&](bool grad) {
+            auto g = logits.clone();
+            auto loss = at::empty({rows}, at::kFloat);
+            EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), g.data_ptr(), rows, vocab,
+                                            index.data_ptr<int64_t>(), here.data_ptr<bool>(),
+                                            counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
+                                            given ? lse.data_ptr<float>() : nullptr,
+                                            given ? target.data_ptr<float>() : nullptr,
+                                            loss.data_ptr<float>(), grad, nullptr),
+                      cudaSuccess);
+            return std::pair{loss, g};
+          };
+          const auto out = in_every_order([&] {
+            const auto [loss, g] = rows_of(true);
+            // The loss alone: the logits are left as they are.
+            const auto [loss_only, kept] = rows_of(false);
+            EXPECT_TRUE(kept.equal(logits));
+            return std::vector<at::Tensor>{loss, g, loss_only};
+          });
+          const auto one_hot = at::one_hot(index, vocab).to(at::kFloat) * here.unsqueeze(1);
+          const auto keep = counted.to(at::kFloat);
+          const auto grad = ((at::softmax(f, 1) - one_hot) * 0.2 * keep.unsqueeze(1)).to(dtype);
+          EXPECT_LT(rel_diff(out[0], (lse - target) * keep), 1e-6) << where;
+          EXPECT_LT(rel_diff(out[1], grad), tolerance(dtype)) << where;
+          EXPECT_TRUE((out[1][2] == 0).all().item<bool>()) << where;
+          EXPECT_TRUE(out[2].equal(out[0])) << where;
+        }
       }
     }
-  }
+  });
 }
 
 // The emulator itself: what it refuses, and a race it shows. Toy kernels.

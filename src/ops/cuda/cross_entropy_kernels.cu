@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cross_entropy_kernels.h"
@@ -122,7 +121,7 @@ cudaError_t cross_entropy_rows(DType dtype, void* logits, int64_t rows, int64_t 
                                float* loss, bool grad, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (vocab <= 0 || (lse_in == nullptr) != (target_in == nullptr)) return cudaErrorInvalidValue;
-  const auto blocks = static_cast<unsigned>(std::min(rows, kMaxBlocks));
+  const auto blocks = static_cast<unsigned>(strided_blocks(rows, kMaxBlocks));
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     auto* p = static_cast<T*>(logits);

@@ -67,10 +67,24 @@ inline void by_pack(int64_t length, F&& f, const Ptr*... p) {
 }
 
 #ifdef FSDP_CUDA_EMULATOR
-// tests/ops/cuda_emulator runs these kernels on the CPU: its launch and shared memory.
+// tests/ops/cuda_emulator runs these kernels on the CPU: its launch, shared memory and limits.
 using cuda_emulator::dynamic_shared;
 using cuda_emulator::launch;
+using cuda_emulator::narrow_index_limit;
+using cuda_emulator::strided_blocks;
 #else
+// min(wanted, limit): the blocks of a grid dimension that its kernel covers with a grid-stride
+// loop (a block then takes rows b, b + blocks, ...). The emulator lowers the limit to 2, so that
+// at its tests' sizes a block takes several rows and the barriers guarding a shared buffer's
+// reuse from one row to the next run.
+inline int64_t strided_blocks(int64_t wanted, int64_t limit) {
+  return wanted < limit ? wanted : limit;
+}
+
+// Offsets below this fit a kernel's 32-bit index arithmetic; the emulator lowers it to 0 to run
+// the 64-bit path at small sizes.
+inline int64_t narrow_index_limit() { return int64_t{UINT32_MAX}; }
+
 // kernel<<<grid, block, shared, stream>>>(args...): every launch of this folder goes through
 // here, the one place the CPU emulation of the kernels (tests/ops/cuda_emulator) replaces.
 template <typename... Params, typename... Args>

@@ -178,7 +178,7 @@ __global__ void cast_columns_kernel(const T* __restrict__ x, int64_t rows, int64
 
 unsigned grid_for(int64_t numel) {
   return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 4096)));
+      std::max<int64_t>(1, strided_blocks((numel + kThreads - 1) / kThreads, 4096)));
 }
 
 }  // namespace
@@ -211,7 +211,7 @@ cudaError_t float8_cast(DType dtype, Float8Format format, const void* x, int64_t
     }
     const dim3 block(kTile, kTileRows);
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                    static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
+                    static_cast<unsigned>(strided_blocks((rows + kTile - 1) / kTile, 65535)));
     launch(cast_transpose_kernel<T>, grid, block, 0, stream, xs, rows, cols, format, amax, scale, o,
            ot, ld_t);
   });
@@ -234,17 +234,17 @@ cudaError_t float8_cast_axiswise(DType dtype, Float8Format format, const void* x
     using T = decltype(t);
     const auto* xs = static_cast<const T*>(x);
     if (axis == 1) {
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+      const auto blocks = static_cast<unsigned>(strided_blocks(rows, 65535));
       launch(cast_rows_kernel<T>, blocks, kThreads, 0, stream, xs, rows, cols, format, scale, o);
       return;
     }
     const auto column_blocks = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
-    const dim3 grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(
+    const dim3 grid(column_blocks, static_cast<unsigned>(strided_blocks(
                                        (rows + kColumnRun - 1) / kColumnRun, 65535)));
     launch(column_abs_max_kernel<T>, grid, kThreads, 0, stream, xs, rows, cols,
            reinterpret_cast<unsigned*>(scale));
     launch(column_scales_kernel, column_blocks, kThreads, 0, stream, scale, cols, format);
-    const dim3 cast_grid(column_blocks, static_cast<unsigned>(std::min<int64_t>(rows, 1024)));
+    const dim3 cast_grid(column_blocks, static_cast<unsigned>(strided_blocks(rows, 1024)));
     launch(cast_columns_kernel<T>, cast_grid, kThreads, 0, stream, xs, rows, cols, format, scale,
            o);
   });

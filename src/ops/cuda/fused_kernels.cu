@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "dtype.cuh"
 #include "fused_kernels.h"
@@ -259,14 +258,17 @@ __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos,
 }
 
 int64_t elementwise_blocks(int64_t numel) {
-  return std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, 65535));
+  return std::max<int64_t>(1, strided_blocks((numel + kThreads - 1) / kThreads, 65535));
+}
+
+// The RMSNorm backward's blocks for n rows, and so its workspace's rows.
+int64_t backward_blocks(int64_t n) {
+  return strided_blocks(std::max<int64_t>(n, 1), kBackwardBlocks);
 }
 
 }  // namespace
 
-int64_t rms_norm_workspace_floats(int64_t n, int64_t d) {
-  return std::min<int64_t>(std::max<int64_t>(n, 1), kBackwardBlocks) * d;
-}
+int64_t rms_norm_workspace_floats(int64_t n, int64_t d) { return backward_blocks(n) * d; }
 
 namespace {
 
@@ -277,7 +279,7 @@ cudaError_t rms_norm_forward_rows(DType dtype, const void* x, const void* y, voi
   if (n == 0 || d == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
-    const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, int64_t{1} << 20));
+    const auto blocks = static_cast<unsigned>(strided_blocks(n, int64_t{1} << 20));
     const auto *xs = static_cast<const T*>(x), *ys = static_cast<const T*>(y),
                *ws = static_cast<const T*>(weight);
     auto *hs = static_cast<T*>(h), *os = static_cast<T*>(out);
@@ -313,7 +315,7 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
   if (n == 0) {  // no rows: dx is empty, the weight's gradient zero
     return want_dw ? cudaMemsetAsync(dweight, 0, d * sizeof(float), stream) : cudaSuccess;
   }
-  const int64_t blocks = std::min<int64_t>(n, kBackwardBlocks);
+  const int64_t blocks = backward_blocks(n);
   const size_t shared = want_dw && d <= kSharedDwColumns ? d * sizeof(float) : 0;
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
@@ -384,8 +386,8 @@ cudaError_t rope(DType dtype, const void* x, const void* cos, const void* sin, v
   if (pairs == 0) return cudaSuccess;
   if (d % 2 != 0 || (cos_batch != 1 && cos_batch != batch)) return cudaErrorInvalidValue;
   // The largest offset: x's elements (cos and sin have no more), and the grid's stride past it.
-  const bool narrow = batch * seq * heads * d + elementwise_blocks(pairs) * kThreads <
-                      int64_t{std::numeric_limits<uint32_t>::max()};
+  const bool narrow =
+      batch * seq * heads * d + elementwise_blocks(pairs) * kThreads < narrow_index_limit();
   return by_dtype(dtype, [&](auto t) {
     using T = decltype(t);
     const auto blocks = static_cast<unsigned>(elementwise_blocks(pairs));

@@ -25,6 +25,7 @@ namespace {
 
 cudaError_t last_error = cudaSuccess;
 cuda_emulator::Order order = cuda_emulator::Order::in_index_order;
+cuda_emulator::Limits limits;
 
 enum class State { ready, at_syncthreads, at_shuffle, ended };
 
@@ -221,6 +222,15 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
 namespace cuda_emulator {
 
 void set_order(Order o) { order = o; }
+
+Limits set_limits(Limits l) {
+  std::swap(limits, l);
+  return l;
+}
+int64_t strided_blocks(int64_t wanted, int64_t limit) {
+  return std::min({wanted, limit, limits.grid_blocks});
+}
+int64_t narrow_index_limit() { return limits.narrow_index; }
 
 void* dynamic_shared_memory() {
   if (active == nullptr) throw std::logic_error("cuda emulator: shared memory outside a kernel");

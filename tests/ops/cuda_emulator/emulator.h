@@ -78,6 +78,36 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
 enum class Order { in_index_order, reversed, warp_by_warp, warps_reversed };
 void set_order(Order order);
 
+// Two of the kernels' size thresholds, lowered by a test so that paths a GPU takes only at large
+// sizes run at the test's small ones (dtype.cuh asks for them through strided_blocks and
+// narrow_index_limit):
+// - grid_blocks: the most blocks a launch gives a grid dimension that its kernel covers with a
+//   grid-stride loop. At 2, a block takes several rows (or tiles), and the barriers that guard a
+//   shared buffer's reuse from one row to the next run.
+// - narrow_index: the offsets below which a kernel may index with 32-bit arithmetic (4G on the
+//   device). At 0, every kernel with a 64-bit path takes it.
+struct Limits {
+  int64_t grid_blocks = INT64_MAX;
+  int64_t narrow_index = UINT32_MAX;
+};
+Limits set_limits(Limits limits);  // returns those it replaces; Limits{} are the device's
+
+// set_limits for a scope, the previous ones restored at its end.
+class ScopedLimits {
+ public:
+  explicit ScopedLimits(Limits limits) : previous_(set_limits(limits)) {}
+  ~ScopedLimits() { set_limits(previous_); }
+  ScopedLimits(const ScopedLimits&) = delete;
+  ScopedLimits& operator=(const ScopedLimits&) = delete;
+
+ private:
+  Limits previous_;
+};
+
+// min(wanted, limit, the set grid_blocks); the set narrow_index.
+int64_t strided_blocks(int64_t wanted, int64_t limit);
+int64_t narrow_index_limit();
+
 // The running block's dynamic shared memory.
 void* dynamic_shared_memory();
 
