@@ -409,6 +409,14 @@ __global__ void neighbour_kernel(int* out, bool synced) {
   out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
 }
 
+// Thread i reads slot i of a static shared array that thread 0 writes at its first slot only.
+__global__ void static_shared_kernel(unsigned* out) {
+  __shared__ unsigned slots[4];
+  if (threadIdx.x == 0) slots[0] = 7;
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slots[threadIdx.x];
+}
+
 // A warp's sum by shuffles, as the kernels' reductions do.
 __global__ void warp_sum_kernel(int* out, int lane_mask_limit) {
   int v = static_cast<int>(threadIdx.x);
@@ -445,6 +453,18 @@ TEST(CudaEmulator, ShowsARaceAndNotItsFix) {
   const auto expected = (at::arange(64, at::kInt) + 1) % 64;
   for (auto order : {Order::in_index_order, Order::reversed, Order::warp_by_warp}) {
     EXPECT_TRUE(run(true, order).equal(expected));
+  }
+}
+
+// Static shared memory starts as 0xff bytes in every block, as the dynamic part does: what the
+// previous block left there does not show through.
+TEST(CudaEmulator, StaticSharedMemoryStartsUnwrittenInEveryBlock) {
+  auto out = at::zeros({8}, at::kInt);
+  auto* p = reinterpret_cast<unsigned*>(out.data_ptr<int>());
+  cuda_emulator::launch(static_shared_kernel, 2, 4, 0, nullptr, p);
+  for (int block = 0; block < 2; ++block) {
+    EXPECT_EQ(p[block * 4], 7u);
+    for (int i = 1; i < 4; ++i) EXPECT_EQ(p[block * 4 + i], 0xffffffffu) << block << " " << i;
   }
 }
 

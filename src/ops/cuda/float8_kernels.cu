@@ -22,6 +22,19 @@ constexpr int kTileRows = 8;  // its block: kTile x kTileRows threads, kTile / k
 // largest magnitude and a NaN wins, as ATen's max propagates it.
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
 
+// The largest m of the block's kThreads threads, returned to every thread: each warp's by
+// shuffles, then the warps' through shared memory.
+__device__ unsigned block_max(unsigned m) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  unsigned all = 0;
+  for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_max[w]);
+  __syncthreads();  // warp_max is refilled by the next call
+  return all;
+}
+
 template <typename T>
 __global__ void abs_max_kernel(const T* __restrict__ x, int64_t numel, unsigned* __restrict__ out) {
   unsigned m = 0;
@@ -31,14 +44,8 @@ __global__ void abs_max_kernel(const T* __restrict__ x, int64_t numel, unsigned*
   }
   // The block's maximum, then one atomic per block: one per warp put up to 32,768 atomics on
   // the one address at once (4096 blocks of 8 warps, all ending their loops together).
-  __shared__ unsigned warp_max[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) m = max(m, warp_max[w]);
-    if (m != 0) atomicMax(out, m);
-  }
+  m = block_max(m);
+  if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
 }
 
 __device__ __forceinline__ double format_max(Float8Format f) {
@@ -81,15 +88,22 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t numel, Float8Format
   }
 }
 
+// The transposing cast's tile in shared memory: kTile rows of kTile bytes, each padded by one
+// byte against bank conflicts on the column reads. Declared outside the kernel, a template, as
+// its bytes do not depend on the input's type.
+__device__ __forceinline__ auto transpose_tile() -> __nv_fp8_storage_t (*)[kTile + 1] {
+  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 1];
+  return tile;
+}
+
 // One kTile x kTile tile per block and step: read and cast row by row (writing `out`'s rows),
-// then write the tile's columns as `out_t`'s rows. The tile's rows are padded by one byte
-// against shared-memory bank conflicts on the column reads.
+// then write the tile's columns as `out_t`'s rows.
 template <typename T>
 __global__ void cast_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                       Float8Format f, const float* amax, float* scale,
                                       __nv_fp8_storage_t* __restrict__ out,
                                       __nv_fp8_storage_t* __restrict__ out_t, int64_t ld_t) {
-  __shared__ __nv_fp8_storage_t tile[kTile][kTile + 1];
+  auto* tile = transpose_tile();
   const float s = block_scale(f, amax, scale);
   const int64_t tiles_r = (rows + kTile - 1) / kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -123,18 +137,11 @@ template <typename T>
 __global__ void cast_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                  Float8Format f, float* __restrict__ scale,
                                  __nv_fp8_storage_t* __restrict__ out) {
-  __shared__ unsigned warp_max[kThreads / 32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {  // uniform over the block
     const T* xr = x + r * cols;
     unsigned m = 0;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) m = max(m, abs_bits(to_f(xr[c])));
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
-    __syncthreads();
-    unsigned all = 0;
-    for (int w = 0; w < kThreads / 32; ++w) all = max(all, warp_max[w]);
-    __syncthreads();  // warp_max is refilled for the next row
-    const float s = power_of_2_scale(scale_of(__uint_as_float(all), f));
+    const float s = power_of_2_scale(scale_of(__uint_as_float(block_max(m)), f));
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = threadIdx.x; c < cols; c += kThreads) out[r * cols + c] = to_fp8(xr[c], s, f);
   }

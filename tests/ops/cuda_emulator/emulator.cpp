@@ -21,6 +21,11 @@
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// The bounds of the section that __shared__ puts the kernels' static shared arrays in, from the
+// linker (weak: a program without any has no such section).
+extern "C" char __start_fsdp_emulated_shared[] __attribute__((weak));
+extern "C" char __stop_fsdp_emulated_shared[] __attribute__((weak));
+
 namespace {
 
 cudaError_t last_error = cudaSuccess;
@@ -164,6 +169,10 @@ void run_block(Launch& launch) {
   auto& fibers = launch.fibers;
   for (auto& f : fibers) f.state = State::ready;
   if (!launch.shared.empty()) std::memset(launch.shared.data(), 0xff, launch.shared.size());
+  if (__start_fsdp_emulated_shared != nullptr) {
+    std::memset(__start_fsdp_emulated_shared, 0xff,
+                __stop_fsdp_emulated_shared - __start_fsdp_emulated_shared);
+  }
   const int n = static_cast<int>(fibers.size());
   while (true) {
     using cuda_emulator::Order;

@@ -13,14 +13,12 @@
 // __syncthreads, or threads waiting on a barrier that cannot open are reported as errors: on a
 // GPU they hang or are undefined). Between barriers the threads run in one of four orders
 // (set_order): a kernel whose result depends on the order reads what another thread writes
-// without a barrier between. The dynamic shared memory of each block starts as 0xff bytes (NaN
-// as floats), so that a read before any write shows.
+// without a barrier between. The shared memory of each block, static and dynamic, starts as
+// 0xff bytes (NaN as floats), so that a read before any write shows.
 //
 // What it cannot show: speed; a race between blocks (they run one after another); a lost update
 // (a thread runs from barrier to barrier uninterrupted, so a plain read-modify-write where an
-// atomic is needed still adds up); a read of static __shared__ memory before any write (a
-// function's static array starts zeroed and keeps its values, unlike the dynamic part); the
-// device's own math functions (expf, log2f: the host's are called) and its contraction of a * b
+// atomic is needed still adds up); the device's own math functions (expf, log2f: the host's are called) and its contraction of a * b
 // + c into one rounding (built with -ffp-contract=off: a kernel that loses its __fmul_rn passes
 // here); memory accessed out of bounds (host memory: nothing traps). A launch the device would
 // refuse (more than 1024 threads in a block, more than 48 KB of dynamic shared memory (the static
@@ -60,8 +58,13 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-// One block runs at a time: a function's static array is its block's shared memory.
-#define __shared__ static
+// One block runs at a time: a function's static array is its block's shared memory. They all lie
+// in one section of the program, which run() fills with 0xff bytes before each block, as it does
+// the dynamic part: a read before any write shows (a NaN as floats). GCC ignores the section of
+// a static array in a function template, which then starts zeroed and keeps its values: keep
+// __shared__ arrays out of templates (src/ops/cuda's kernels do; a test checks they are all in
+// the section).
+#define __shared__ static __attribute__((section("fsdp_emulated_shared")))
 
 namespace cuda_emulator {
 
