@@ -37,6 +37,19 @@ at::Tensor stored(const at::Tensor& values, at::ScalarType dtype, bool offset) {
   return testing::stored(values, at::TensorOptions().dtype(dtype), offset);
 }
 
+// The kernels' tests. On x86 their sources are built with -mfma (tests/CMakeLists.txt: the
+// host fuses a * b + c as the device does), which a processor without FMA cannot run.
+class CudaKernelsEmulated : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("fma")) {
+      GTEST_SKIP() << "this processor has no FMA instructions, which the emulated kernels use";
+    }
+#endif
+  }
+};
+
 // run() with the threads of each block in each of the emulator's orders: the tensors it returns
 // must be equal bit for bit. Returns the first order's.
 std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tensor>()>& run) {
@@ -71,7 +84,7 @@ void in_each_grid(const std::function<void(int64_t grid_blocks)>& f) {
   }
 }
 
-TEST(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
+TEST_F(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
   struct Case {
     int64_t rows, d;
     bool offset = false;
@@ -124,7 +137,7 @@ TEST(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
 }
 
 // h = cast(x + y) bit for bit (one rounded add), and the norm of h as rms_norm_forward's.
-TEST(CudaKernelsEmulated, AddRmsNormEqualsTheAddThenTheNorm) {
+TEST_F(CudaKernelsEmulated, AddRmsNormEqualsTheAddThenTheNorm) {
   in_each_grid([&](int64_t) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (int64_t d : {1000, 1001}) {
@@ -150,7 +163,7 @@ TEST(CudaKernelsEmulated, AddRmsNormEqualsTheAddThenTheNorm) {
 
 // cast(silu(gate)) * up and its gradients by autograd, over an element count that divides into
 // 16-byte packs (4096), one that does not (1001), and views off a 16-byte boundary.
-TEST(CudaKernelsEmulated, SwigluEqualsSiluTimesUp) {
+TEST_F(CudaKernelsEmulated, SwigluEqualsSiluTimesUp) {
   in_each_grid([&](int64_t) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       for (auto [numel, offset] : {std::pair{int64_t{4096}, false}, std::pair{int64_t{1001}, false},
@@ -189,7 +202,7 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 // transformers' apply_rotary_pos_emb on x [batch, seq, heads, d] seen as [batch, heads, seq, d],
 // cos and sin [1 or batch, seq, d]: bit for bit, forward and backward (autograd's).
-TEST(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
+TEST_F(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
   in_each_grid([&](int64_t grid_blocks) {
     // Also with 64-bit offsets, the kernel's path past 4G elements.
     for (bool wide : {false, true}) {
@@ -255,7 +268,7 @@ at::Tensor cast_bytes(const at::Tensor& x, const at::Tensor& scale, k::Float8For
 
 // The tensorwise cast: the amax, the scale and the bytes of the row-major result and of the
 // transpose (in a wider buffer, whose extra columns stay as they were), tiles cut at the edges.
-TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
+TEST_F(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
   in_each_grid([&](int64_t) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (auto format : {k::Float8Format::kE4M3, k::Float8Format::kE5M2}) {
@@ -315,7 +328,7 @@ TEST(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
 
 // The rowwise recipe's casts: a power-of-2 scale per row (axis 1) or per column (axis 0),
 // exp2(floor(log2(scale))) in float32; a NaN in a slice makes its scale and its elements NaN.
-TEST(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
+TEST_F(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
   in_each_grid([&](int64_t) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (int axis : {0, 1}) {
@@ -348,7 +361,7 @@ TEST(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
 // The cross-entropy rows: loss = logsumexp - the target's logit, the gradient (softmax - the
 // one-hot where the target is here) * inv_count in place of the logits; rows not counted get 0
 // and zeros; with lse and target given (the vocabulary split over ranks), the same.
-TEST(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
+TEST_F(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
   in_each_grid([&](int64_t) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (int64_t vocab : {1000, 1001}) {

@@ -228,6 +228,11 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   return cudaSuccess;
 }
 
+// Out of line: see emulator.h. This file is built without contraction.
+float __fmul_rn(float a, float b) { return a * b; }
+float __fadd_rn(float a, float b) { return a + b; }
+double __dmul_rn(double a, double b) { return a * b; }
+
 namespace cuda_emulator {
 
 void set_order(Order o) { order = o; }

@@ -18,9 +18,11 @@
 //
 // What it cannot show: speed; a race between blocks (they run one after another); a lost update
 // (a thread runs from barrier to barrier uninterrupted, so a plain read-modify-write where an
-// atomic is needed still adds up); the device's own math functions (expf, log2f: the host's are called) and its contraction of a * b
-// + c into one rounding (built with -ffp-contract=off: a kernel that loses its __fmul_rn passes
-// here); memory accessed out of bounds (host memory: nothing traps). A launch the device would
+// atomic is needed still adds up); the device's own math functions (expf, log2f: the host's are
+// called); which a * b + c the device fuses into one rounding (the host compiler fuses those it
+// finds in the kernels, built with -ffp-contract=fast, not necessarily the same ones; on an x86
+// processor without FMA the kernel tests skip); memory accessed out of bounds (host memory:
+// nothing traps). A launch the device would
 // refuse (more than 1024 threads in a block, more than 48 KB of dynamic shared memory (the static
 // part is not counted), a grid's y or z above 65535) is refused with cudaErrorInvalidConfiguration,
 // as cudaGetLastError reports it. A thread's stack is 64 KB with a guard page below it.
@@ -152,11 +154,12 @@ inline unsigned atomicMax(unsigned* address, unsigned v) {
 }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
-// The device's correctly rounded operations are the host's IEEE ones (built without FMA
-// contraction: -ffp-contract=off).
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
+// The device's correctly rounded operations, which nvcc never fuses into an fma: the host's IEEE
+// ones, out of line (emulator.cpp), so that the host compiler, which fuses the kernels' other
+// a * b + c as nvcc does, cannot fuse these either.
+float __fmul_rn(float a, float b);
+float __fadd_rn(float a, float b);
+double __dmul_rn(double a, double b);
 inline float __double2float_rn(double v) { return static_cast<float>(v); }
 inline float __expf(float v) { return expf(v); }
 inline float rsqrtf(float v) { return 1.0f / sqrtf(v); }
