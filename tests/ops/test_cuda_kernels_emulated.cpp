@@ -80,7 +80,11 @@ void in_each_grid(const std::function<void(int64_t grid_blocks)>& f) {
     cuda_emulator::Limits limits;
     limits.grid_blocks = blocks;
     cuda_emulator::ScopedLimits scoped(limits);
+    const int64_t cut = cuda_emulator::grids_cut();
     f(blocks);
+    if (blocks != INT64_MAX) {
+      EXPECT_GT(cuda_emulator::grids_cut(), cut) << "no launch's grid was cut to 2 blocks";
+    }
   }
 }
 
@@ -216,7 +220,8 @@ TEST_F(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
           const auto where = ::testing::Message()
                              << c10::toString(dtype) << " cos batch " << cos_batch;
           at::manual_seed(8);
-          const int64_t batch = 2, seq = 5, heads = 3, d = 8;
+          // 1,536 pairs: 6 blocks of 256 threads (2 in the cut grid).
+          const int64_t batch = 2, seq = 64, heads = 3, d = 8;
           const auto x = at::randn({batch, seq, heads, d}).to(dtype);
           const auto cos = at::randn({cos_batch, seq, d}).to(dtype);
           const auto sin = at::randn({cos_batch, seq, d}).to(dtype);

@@ -74,15 +74,15 @@ using cuda_emulator::narrow_index_limit;
 using cuda_emulator::strided_blocks;
 #else
 // min(wanted, limit): the blocks of a grid dimension that its kernel covers with a grid-stride
-// loop (a block then takes rows b, b + blocks, ...). The emulator lowers the limit to 2, so that
-// at its tests' sizes a block takes several rows and the barriers guarding a shared buffer's
-// reuse from one row to the next run.
+// loop (a block then takes rows b, b + blocks, ...). Under the emulator a test can lower the
+// limit (to 2), so that at its sizes a block takes several rows and the barriers guarding a
+// shared buffer's reuse from one row to the next run.
 inline int64_t strided_blocks(int64_t wanted, int64_t limit) {
   return wanted < limit ? wanted : limit;
 }
 
-// Offsets below this fit a kernel's 32-bit index arithmetic; the emulator lowers it to 0 to run
-// the 64-bit path at small sizes.
+// Offsets below this fit a kernel's 32-bit index arithmetic; under the emulator a test can lower
+// it to 0 to run the 64-bit path at small sizes.
 inline int64_t narrow_index_limit() { return int64_t{UINT32_MAX}; }
 
 // kernel<<<grid, block, shared, stream>>>(args...): every launch of this folder goes through

@@ -89,8 +89,9 @@ __global__ void cast_kernel(const T* __restrict__ x, int64_t numel, Float8Format
 }
 
 // The transposing cast's tile in shared memory: kTile rows of kTile bytes, each padded by one
-// byte against bank conflicts on the column reads. Declared outside the kernel, a template, as
-// its bytes do not depend on the input's type.
+// byte against bank conflicts on the column reads. Outside the kernel template (its bytes do not
+// depend on the input's type) so that the CPU emulator (tests/ops/cuda_emulator) resets it before
+// each block: GCC ignores the section that puts it there for a static of a function template.
 __device__ __forceinline__ auto transpose_tile() -> __nv_fp8_storage_t (*)[kTile + 1] {
   __shared__ __nv_fp8_storage_t tile[kTile][kTile + 1];
   return tile;

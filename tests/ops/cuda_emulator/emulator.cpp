@@ -31,6 +31,7 @@ namespace {
 cudaError_t last_error = cudaSuccess;
 cuda_emulator::Order order = cuda_emulator::Order::in_index_order;
 cuda_emulator::Limits limits;
+int64_t cut = 0;  // grids_cut()
 
 enum class State { ready, at_syncthreads, at_shuffle, ended };
 
@@ -242,8 +243,10 @@ Limits set_limits(Limits l) {
   return l;
 }
 int64_t strided_blocks(int64_t wanted, int64_t limit) {
+  if (limits.grid_blocks < std::min(wanted, limit)) ++cut;
   return std::min({wanted, limit, limits.grid_blocks});
 }
+int64_t grids_cut() { return cut; }
 int64_t narrow_index_limit() { return limits.narrow_index; }
 
 void* dynamic_shared_memory() {

@@ -111,6 +111,9 @@ class ScopedLimits {
 
 // min(wanted, limit, the set grid_blocks); the set narrow_index.
 int64_t strided_blocks(int64_t wanted, int64_t limit);
+// How many strided_blocks calls so far the set grid_blocks cut (below min(wanted, limit)): a test
+// that lowers it can check that it reached the kernels.
+int64_t grids_cut();
 int64_t narrow_index_limit();
 
 // The running block's dynamic shared memory.
