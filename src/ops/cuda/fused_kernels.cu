@@ -84,6 +84,12 @@ __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const T* __rest
   }
 }
 
+// N floats moved as one access where they make 16 bytes (and 32 bytes as two), else one by one.
+template <int N>
+struct alignas(N * sizeof(float) < 16 ? N * sizeof(float) : 16) FloatParts {
+  float v[N];
+};
+
 // dx, and (partial_dw not null) the block's rows' weight-gradient parts in its row of
 // partial_dw. A thread owns the columns of its packs: no two threads touch one part, so the
 // parts need no barrier.
@@ -93,22 +99,26 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          int64_t n, int64_t d) {
   using P = Pack<T, N>;
+  using Parts = FloatParts<N>;
   // d floats where d <= kSharedDwColumns and dw is wanted.
   float* const shared_dw = dynamic_shared<float>();
   const bool want_dw = partial_dw != nullptr, in_shared = d <= kSharedDwColumns;
   const int64_t packs = d / N;
-  float* const block_dw = want_dw ? partial_dw + blockIdx.x * d : nullptr;
-  // The part of column i N + k: in shared memory k-major, so that the threads of a warp (packs
-  // i, i + 1, ...) hit consecutive banks (in column order, N-way bank conflicts); in the
-  // workspace in column order.
-  const auto part = [&](int64_t i, int k) -> float& {
-    return in_shared ? shared_dw[k * packs + i] : block_dw[i * N + k];
-  };
+  // The block's parts in the workspace, in column order: pack i's N parts are block_dw[i], one
+  // access (partial_dw is 16-byte aligned, and so each block's row, as d divides into packs).
+  Parts* const block_dw = want_dw ? reinterpret_cast<Parts*>(partial_dw + blockIdx.x * d) : nullptr;
+  // In shared memory, the part of column i N + k is k-major, so that the threads of a warp
+  // (packs i, i + 1, ...) hit consecutive banks (in column order, N-way bank conflicts).
+  const auto shared_part = [&](int64_t i, int k) -> float& { return shared_dw[k * packs + i]; };
   const P* wp = reinterpret_cast<const P*>(w);
   if (want_dw) {
     for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      if (in_shared) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) part(i, k) = 0;
+        for (int k = 0; k < N; ++k) shared_part(i, k) = 0;
+      } else {
+        block_dw[i] = Parts{};
+      }
     }
   }
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
@@ -130,20 +140,33 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
     for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
       const P dyv = dyr[i], xv = xr[i], wv = wp[i];
       P dxv;
+      Parts add;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float hv = to_f(xv.v[k]) * r;
         const float g = round_to<T>(to_f(dyv.v[k]) * to_f(wv.v[k]));
         dxv.v[k] = from_f<T>(r * (g - hv * dot));
-        if (want_dw) part(i, k) += to_f(dyv.v[k]) * round_to<T>(hv);
+        add.v[k] = to_f(dyv.v[k]) * round_to<T>(hv);
       }
       dxr[i] = dxv;
+      if (!want_dw) continue;
+      if (in_shared) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) shared_part(i, k) += add.v[k];
+      } else {
+        Parts sum = block_dw[i];
+#pragma unroll
+        for (int k = 0; k < N; ++k) sum.v[k] += add.v[k];
+        block_dw[i] = sum;
+      }
     }
   }
   if (want_dw && in_shared) {  // each thread copies out the parts it summed, in column order
     for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      Parts sum;
 #pragma unroll
-      for (int k = 0; k < N; ++k) block_dw[i * N + k] = shared_dw[k * packs + i];
+      for (int k = 0; k < N; ++k) sum.v[k] = shared_part(i, k);
+      block_dw[i] = sum;
     }
   }
 }
@@ -329,7 +352,7 @@ cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const 
           launch(rms_norm_backward_kernel<T, decltype(pack)::value>, static_cast<unsigned>(blocks),
                  kThreads, shared, stream, dys, xs, ws, rstd, dxs, parts, n, d);
         },
-        dys, xs, ws, dxs);
+        dys, xs, ws, dxs, parts);  // parts: FloatParts' alignment (null is)
     if (want_dw) {
       launch(sum_blocks_kernel, static_cast<unsigned>((d + 31) / 32), dim3(32, kSumRows), 0, stream,
              workspace, dweight, blocks, d);
