@@ -5,6 +5,7 @@
 #include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama_lora.h"
 #include "fsdp/models/llama_plan.h"
+#include "loop.h"
 #include "move_unsharded.h"
 #include "shard_options.h"
 
@@ -15,6 +16,7 @@ namespace ll = fsdp::models::llama;
 // Each layer is sharded as soon as it is built, then the root, so a rank never holds the whole
 // model: from a Hugging Face directory each rank then reads only its rows of every tensor.
 Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceMesh& mesh) {
+  trainer::check_float8_device(o.float8.enabled, dist.device);
   Built b;
   const auto layer_options = trainer::shard_options(o.train, /*block=*/true);
   auto shard_layer = [&](int64_t, fsdp::Unit<ll::DecoderLayer>& layer) {

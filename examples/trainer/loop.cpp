@@ -11,6 +11,8 @@
 #include <thread>
 #include <unordered_set>
 
+#include "fsdp/errors.h"
+#include "fsdp/ops/float8.h"
 #include "optimizer.h"
 
 namespace trainer {
@@ -371,6 +373,13 @@ int threads_for(int threads) {
   if (!local) local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int ranks_here = local ? std::max(1, std::atoi(local)) : 1;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
+}
+
+void check_float8_device(bool float8, const c10::Device& device) {
+  if (!float8) return;
+  if (const auto why = fsdp::ops::float8_unsupported_on(device); !why.empty()) {
+    throw fsdp::UnsupportedError("--float8: " + why);
+  }
 }
 
 fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch) {

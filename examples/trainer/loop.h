@@ -99,4 +99,8 @@ int threads_for(int threads);
 // group of the launch (its rendezvous and collectives bounded by the timeout).
 fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch);
 
+// With --float8 (`float8`), throws fsdp::UnsupportedError naming the device when it cannot run
+// float8 GEMMs (a GPU before compute capability 8.9): called before the model is built.
+void check_float8_device(bool float8, const c10::Device& device);
+
 }  // namespace trainer

@@ -7,6 +7,10 @@
 #include "ops/float8_cast.h"
 #include "util/check.h"
 
+#ifdef FSDP_HAVE_TORCH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
+#endif
+
 namespace fsdp::ops {
 namespace {
 
@@ -229,8 +233,28 @@ std::string float8_linear_unsupported(int64_t in, int64_t out) {
       in, out);
 }
 
+std::string float8_unsupported_on(const c10::Device& device) {
+  if (!device.is_cuda()) return {};
+#ifdef FSDP_HAVE_TORCH_CUDA
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto* p = at::cuda::getDeviceProperties(index);
+  if (p->major * 10 + p->minor >= 89) return {};
+  return fmt::format(
+      "float8 GEMMs need a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+      "cuda:{} ({}) is {}.{}: train without float8 there",
+      index, p->name, p->major, p->minor);
+#else
+  return fmt::format("float8 on {}: this libtorch was built without CUDA", device.str());
+#endif
+}
+
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          const at::Tensor& weight_scale, Float8Scaling scaling) {
+  if (x.is_cuda()) {
+    if (const auto why = float8_unsupported_on(x.device()); !why.empty()) {
+      throw UnsupportedError("float8_linear: " + why);
+    }
+  }
   FSDP_CHECK_ARG(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
                  "float8_linear: expected x [..., in] and weight [out, in], got {} and {}",
                  x.sizes(), weight.sizes());

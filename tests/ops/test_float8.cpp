@@ -98,6 +98,9 @@ TEST(Float8Cast, ColumnMajorAndPaddedLayoutsHoldTheSameBytes) {
                InvalidArgument);
 }
 
+// The CPU runs float8 GEMMs (ATen's _scaled_mm; rowwise as torchao's emulation): nothing to say.
+TEST(Float8Mm, TheCpuRunsIt) { EXPECT_EQ(ops::float8_unsupported_on(at::Device(at::kCPU)), ""); }
+
 TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {
   torch::manual_seed(3);
   const auto a = to_float8(torch::randn({48, 64}), at::kFloat8_e4m3fn);

@@ -100,4 +100,11 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
 // Why a Linear of `in` inputs and `out` outputs cannot run in float8, or empty when it can.
 std::string float8_linear_unsupported(int64_t in, int64_t out);
 
+// Why float8 GEMMs cannot run on `device`, or empty when they can: the CPU runs them (ATen's
+// _scaled_mm; rowwise as torchao's emulation), a CUDA GPU from compute capability 8.9 (Ada,
+// Hopper, Blackwell: torch._scaled_mm's float8 tensor cores) on. float8_linear throws
+// fsdp::UnsupportedError with this message on such a device, before any cast; a program can ask
+// first, before it builds a model for float8 (the trainers do, for --float8).
+std::string float8_unsupported_on(const c10::Device& device);
+
 }  // namespace fsdp::ops
