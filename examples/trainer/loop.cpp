@@ -375,9 +375,9 @@ int threads_for(int threads) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
 }
 
-void check_float8_device(bool float8, const c10::Device& device) {
+void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling, const c10::Device& device) {
   if (!float8) return;
-  if (const auto why = fsdp::ops::float8_unsupported_on(device); !why.empty()) {
+  if (const auto why = fsdp::ops::float8_unsupported_on(device, scaling); !why.empty()) {
     throw fsdp::UnsupportedError("--float8: " + why);
   }
 }

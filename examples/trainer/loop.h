@@ -9,6 +9,7 @@
 #include "data.h"
 #include "evaluate.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/ops/float8_scaling.h"
 #include "report.h"
 #include "train_options.h"
 
@@ -100,7 +101,8 @@ int threads_for(int threads);
 fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch);
 
 // With --float8 (`float8`), throws fsdp::UnsupportedError naming the device when it cannot run
-// float8 GEMMs (a GPU before compute capability 8.9): called before the model is built.
-void check_float8_device(bool float8, const c10::Device& device);
+// float8 GEMMs of `scaling`'s recipe (fsdp::ops::float8_unsupported_on: a GPU before compute
+// capability 8.9, say): called before the model is built.
+void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling, const c10::Device& device);
 
 }  // namespace trainer

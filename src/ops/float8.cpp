@@ -183,6 +183,42 @@ Float8Tensor to_float8(const at::Tensor& t, at::ScalarType dtype, const at::Tens
   return {c.row, c.scale};
 }
 
+std::string float8_unsupported_on(const c10::Device& device, Float8Scaling scaling) {
+  if (device.is_cpu()) return {};
+  if (!device.is_cuda()) {
+    return fmt::format("float8 GEMMs run on the CPU and on CUDA GPUs, not on {}", device.str());
+  }
+#ifdef FSDP_HAVE_TORCH_CUDA
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto* p = at::cuda::getDeviceProperties(index);
+  const int cc = p->major * 10 + p->minor;
+  if (scaling == Float8Scaling::tensorwise && cc >= 89) return {};
+  // _scaled_mm's rowwise kernels: sm_89, sm_90 and sm_100 families (cuBLAS has none either).
+  if (scaling == Float8Scaling::rowwise && (cc == 89 || p->major == 9 || p->major == 10)) return {};
+  return fmt::format(
+      "float8 GEMMs ({} recipe) need a GPU of compute capability {}; cuda:{} ({}) is {}.{}: "
+      "train without float8 there",
+      scaling == Float8Scaling::tensorwise ? "tensorwise" : "rowwise",
+      scaling == Float8Scaling::tensorwise ? "8.9 or newer (Ada, Hopper, Blackwell)"
+                                           : "8.9, 9.x or 10.x (Ada, Hopper, B200 and B300)",
+      index, p->name, p->major, p->minor);
+#else
+  return fmt::format("float8 on {}: this libtorch was built without CUDA", device.str());
+#endif
+}
+
+namespace {
+
+// float8_unsupported_on's message as fsdp::UnsupportedError, from `op`, for a tensor off the CPU.
+void check_float8_device(const char* op, const at::Tensor& t, Float8Scaling scaling) {
+  if (t.is_cpu()) return;
+  if (const auto why = float8_unsupported_on(t.device(), scaling); !why.empty()) {
+    throw UnsupportedError(fmt::format("{}: {}", op, why));
+  }
+}
+
+}  // namespace
+
 at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype,
                      std::optional<bool> fast_accum) {
   FSDP_CHECK_ARG(a.data.dim() == 2 && b.data.dim() == 2 && a.data.size(1) == b.data.size(0),
@@ -190,6 +226,8 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
                  b.data.sizes());
   const int64_t m = a.data.size(0), n = b.data.size(1);
   const bool rowwise = a.scale.numel() != 1 || b.scale.numel() != 1;
+  check_float8_device("float8_mm", a.data,
+                      rowwise ? Float8Scaling::rowwise : Float8Scaling::tensorwise);
   FSDP_CHECK_ARG(!rowwise || (a.scale.sizes() == at::IntArrayRef{m, 1} &&
                               b.scale.sizes() == at::IntArrayRef{1, n}),
                  "float8_mm: expected scales of one element each, or [{}, 1] and [1, {}] "
@@ -233,28 +271,9 @@ std::string float8_linear_unsupported(int64_t in, int64_t out) {
       in, out);
 }
 
-std::string float8_unsupported_on(const c10::Device& device) {
-  if (!device.is_cuda()) return {};
-#ifdef FSDP_HAVE_TORCH_CUDA
-  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
-  const auto* p = at::cuda::getDeviceProperties(index);
-  if (p->major * 10 + p->minor >= 89) return {};
-  return fmt::format(
-      "float8 GEMMs need a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
-      "cuda:{} ({}) is {}.{}: train without float8 there",
-      index, p->name, p->major, p->minor);
-#else
-  return fmt::format("float8 on {}: this libtorch was built without CUDA", device.str());
-#endif
-}
-
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          const at::Tensor& weight_scale, Float8Scaling scaling) {
-  if (x.is_cuda()) {
-    if (const auto why = float8_unsupported_on(x.device()); !why.empty()) {
-      throw UnsupportedError("float8_linear: " + why);
-    }
-  }
+  check_float8_device("float8_linear", x, scaling);
   FSDP_CHECK_ARG(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
                  "float8_linear: expected x [..., in] and weight [out, in], got {} and {}",
                  x.sizes(), weight.sizes());

@@ -98,8 +98,15 @@ TEST(Float8Cast, ColumnMajorAndPaddedLayoutsHoldTheSameBytes) {
                InvalidArgument);
 }
 
-// The CPU runs float8 GEMMs (ATen's _scaled_mm; rowwise as torchao's emulation): nothing to say.
-TEST(Float8Mm, TheCpuRunsIt) { EXPECT_EQ(ops::float8_unsupported_on(at::Device(at::kCPU)), ""); }
+// The CPU runs float8 GEMMs of both recipes (ATen's _scaled_mm; rowwise as torchao's
+// emulation): nothing to say. A device neither the CPU nor CUDA is named.
+TEST(Float8Mm, TheCpuRunsItAndOtherDevicesAreNamed) {
+  for (auto scaling : {ops::Float8Scaling::tensorwise, ops::Float8Scaling::rowwise}) {
+    EXPECT_EQ(ops::float8_unsupported_on(at::Device(at::kCPU), scaling), "");
+  }
+  EXPECT_EQ(ops::float8_unsupported_on(at::Device(at::kMeta)),
+            "float8 GEMMs run on the CPU and on CUDA GPUs, not on meta");
+}
 
 TEST(Float8Mm, EqualsTheFloat32ProductOfTheDequantizedOperandsInEveryLayout) {
   torch::manual_seed(3);

@@ -36,27 +36,30 @@ TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
   if (!ops::cuda_kernels_built()) GTEST_SKIP() << "built without the CUDA kernels";
 }
 
-// float8_unsupported_on says of this GPU what torch._scaled_mm does: empty where a float8 GEMM
-// runs, a message naming the device and its compute capability where it throws; float8_linear
-// then refuses with that message.
+// float8_unsupported_on says of this GPU what torch._scaled_mm does, for each recipe: empty where
+// a float8 GEMM runs (one scale each, or rowwise scales [m, 1] and [1, n]), a message naming the
+// device and its compute capability where it throws; float8_mm then refuses with that message.
 TEST(FusedCuda, Float8UnsupportedOnAgreesWithScaledMm) {
   FSDP_SKIP_WITHOUT_GPU();
   const auto o = at::TensorOptions().device(at::kCUDA);
   const auto a = at::ones({16, 32}, o).to(at::kFloat8_e4m3fn);
-  const auto b = at::ones({16, 32}, o).to(at::kFloat8_e4m3fn).t();
-  const auto one = at::ones({}, o);
-  bool runs = true;
-  try {
-    at::_scaled_mm(a, b, one, one, std::nullopt, std::nullopt, at::kBFloat16);
-  } catch (const c10::Error&) {
-    runs = false;
-  }
-  const auto why = ops::float8_unsupported_on(a.device());
-  EXPECT_EQ(why.empty(), runs) << why;
-  if (!runs) {
-    EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
-    const auto x = at::ones({16, 32}, o.dtype(at::kBFloat16));
-    EXPECT_THROW(ops::float8_linear(x, at::ones({16, 32}, x.options()), {}), UnsupportedError);
+  const auto b = at::ones({16, 32}, o).to(at::kFloat8_e4m3fn).t();  // column-major [32, 16]
+  for (auto scaling : {ops::Float8Scaling::tensorwise, ops::Float8Scaling::rowwise}) {
+    const bool rowwise = scaling == ops::Float8Scaling::rowwise;
+    const auto sa = rowwise ? at::ones({16, 1}, o) : at::ones({}, o);
+    const auto sb = rowwise ? at::ones({1, 16}, o) : at::ones({}, o);
+    bool runs = true;
+    try {
+      at::_scaled_mm(a, b, sa, sb, std::nullopt, std::nullopt, at::kBFloat16);
+    } catch (const c10::Error&) {
+      runs = false;
+    }
+    const auto why = ops::float8_unsupported_on(a.device(), scaling);
+    EXPECT_EQ(why.empty(), runs) << "rowwise " << rowwise << ": " << why;
+    if (!runs) {
+      EXPECT_NE(why.find("compute capability"), std::string::npos) << why;
+      EXPECT_THROW(ops::float8_mm({a, sa}, {b, sb}, at::kBFloat16), UnsupportedError);
+    }
   }
 }
 

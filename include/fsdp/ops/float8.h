@@ -100,11 +100,14 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
 // Why a Linear of `in` inputs and `out` outputs cannot run in float8, or empty when it can.
 std::string float8_linear_unsupported(int64_t in, int64_t out);
 
-// Why float8 GEMMs cannot run on `device`, or empty when they can: the CPU runs them (ATen's
-// _scaled_mm; rowwise as torchao's emulation), a CUDA GPU from compute capability 8.9 (Ada,
-// Hopper, Blackwell: torch._scaled_mm's float8 tensor cores) on. float8_linear throws
-// fsdp::UnsupportedError with this message on such a device, before any cast; a program can ask
-// first, before it builds a model for float8 (the trainers do, for --float8).
-std::string float8_unsupported_on(const c10::Device& device);
+// Why float8 GEMMs of `scaling`'s recipe cannot run on `device`, or empty when they can, as
+// torch._scaled_mm decides: the CPU runs both recipes (rowwise as torchao's emulation); a CUDA
+// GPU runs tensorwise from compute capability 8.9 on (Ada, Hopper, Blackwell) and rowwise on
+// 8.9, 9.x and 10.x only (its rowwise kernels leave out sm_110 and sm_120, the RTX 50 series).
+// Any other device (MPS, XPU; a ROCm libtorch's GPUs are not considered) gets a message.
+// float8_linear and float8_mm throw fsdp::UnsupportedError with it before any cast or GEMM; a
+// program can ask first, before it builds a model for float8 (the trainers do, for --float8).
+std::string float8_unsupported_on(const c10::Device& device,
+                                  Float8Scaling scaling = Float8Scaling::tensorwise);
 
 }  // namespace fsdp::ops

@@ -105,7 +105,8 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   const bool want_dw = partial_dw != nullptr, in_shared = d <= kSharedDwColumns;
   const int64_t packs = d / N;
   // The block's parts in the workspace, in column order: pack i's N parts are block_dw[i], one
-  // access (partial_dw is 16-byte aligned, and so each block's row, as d divides into packs).
+  // access (in the packed path partial_dw is 16-byte aligned, by_pack's check, and so each
+  // block's row, as d divides into packs).
   Parts* const block_dw = want_dw ? reinterpret_cast<Parts*>(partial_dw + blockIdx.x * d) : nullptr;
   // In shared memory, the part of column i N + k is k-major, so that the threads of a warp
   // (packs i, i + 1, ...) hit consecutive banks (in column order, N-way bank conflicts).

@@ -21,8 +21,9 @@ cudaError_t add_rms_norm_forward(DType dtype, const void* x, const void* y, void
                                  const void* weight, void* out, float* rstd, int64_t n, int64_t d,
                                  float eps, cudaStream_t stream);
 // dx (the dtype) and dweight (float32, d elements, written: the sum over rows); `workspace`
-// holds rms_norm_workspace_floats(n, d) floats. dweight null: no weight gradient (a frozen
-// weight), and no workspace is touched.
+// holds rms_norm_workspace_floats(n, d) floats, on a 16-byte boundary (else every access of the
+// call, dy, x and dx too, goes one element at a time). dweight null: no weight gradient (a
+// frozen weight), and no workspace is touched.
 cudaError_t rms_norm_backward(DType dtype, const void* dy, const void* x, const void* weight,
                               const float* rstd, void* dx, float* dweight, float* workspace,
                               int64_t n, int64_t d, cudaStream_t stream);
