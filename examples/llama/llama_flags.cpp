@@ -244,7 +244,8 @@ void add_float8_flags(CLI::App& app, Options& o) {
                  "float8 training: the decoder layers' Linears run their GEMMs in float8 "
                  "(torchao's Float8Linear recipe 'tensorwise': e4m3 activations and weights, e5m2 "
                  "gradients, dynamic scales); master weights, gradients and optimizer state as "
-                 "without; the head stays");
+                 "without; the head stays. On the CPU, or a GPU of compute capability 8.9 or "
+                 "newer (rowwise: 8.9, 9.x, 10.x)");
     app.add_option(
            "--float8-skip", o.float8.skip,
            "With --float8: Linears kept out of it, by name (q_proj, k_proj, v_proj, o_proj, "

@@ -116,7 +116,8 @@ void add_minillm_flags(CLI::App& app, Options& o, Sizes& sizes) {
     app.add_flag("--float8", o.model.float8,
                  "float8 training of the blocks' feed-forward Linears (torchao's Float8Linear, "
                  "what it converts in this model; --float8-recipe; the attention's too with "
-                 "--float8-attention); --dim a multiple of 16");
+                 "--float8-attention); --dim a multiple of 16. On the CPU, or a GPU of compute "
+                 "capability 8.9 or newer (rowwise: 8.9, 9.x, 10.x)");
     trainer::add_choice(app, "--float8-recipe", o.model.float8_scaling,
                         "With --float8: torchao's recipe, tensorwise or rowwise (a power-of-2 "
                         "scale per row of each GEMM operand, all in e4m3)");
