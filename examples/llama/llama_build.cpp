@@ -16,7 +16,7 @@ namespace ll = fsdp::models::llama;
 // Each layer is sharded as soon as it is built, then the root, so a rank never holds the whole
 // model: from a Hugging Face directory each rank then reads only its rows of every tensor.
 Built build(const Options& o, const fsdp::Distributed& dist, const fsdp::DeviceMesh& mesh) {
-  trainer::check_float8_device(o.float8.enabled, o.float8.scaling, dist.device);
+  trainer::check_float8_device(o.float8.enabled, o.float8.scaling, dist);
   Built b;
   const auto layer_options = trainer::shard_options(o.train, /*block=*/true);
   auto shard_layer = [&](int64_t, fsdp::Unit<ll::DecoderLayer>& layer) {

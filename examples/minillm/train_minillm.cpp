@@ -38,7 +38,7 @@ std::unique_ptr<minillm::Dataset> open_data(const Options& o) {
 // the values are the same. --init-from then replaces them, each rank reading its own rows.
 fsdp::Unit<mm::MiniLLM> build_sharded_model(const Options& o, const fsdp::Distributed& dist,
                                             const fsdp::DeviceMesh& mesh) {
-  trainer::check_float8_device(o.model.float8, o.model.float8_scaling, dist.device);
+  trainer::check_float8_device(o.model.float8, o.model.float8_scaling, dist);
   const auto block_options = trainer::shard_options(o.train, /*block=*/true);
   auto shard_block = [&](int64_t, fsdp::Unit<mm::TransformerBlock>& block) {
     block->to(dist.device);

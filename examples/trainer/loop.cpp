@@ -11,6 +11,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "fsdp/comm/agree.h"
 #include "fsdp/errors.h"
 #include "fsdp/ops/float8.h"
 #include "optimizer.h"
@@ -375,11 +376,14 @@ int threads_for(int threads) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_here);
 }
 
-void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling, const c10::Device& device) {
+void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling,
+                         const fsdp::Distributed& dist) {
   if (!float8) return;
-  if (const auto why = fsdp::ops::float8_unsupported_on(device, scaling); !why.empty()) {
-    throw fsdp::UnsupportedError("--float8: " + why);
-  }
+  fsdp::agree_on<fsdp::UnsupportedError>(*dist.group, "--float8", [&] {
+    if (const auto why = fsdp::ops::float8_unsupported_on(dist.device, scaling); !why.empty()) {
+      throw fsdp::UnsupportedError(why);
+    }
+  });
 }
 
 fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch) {

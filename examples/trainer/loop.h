@@ -100,9 +100,11 @@ int threads_for(int threads);
 // group of the launch (its rendezvous and collectives bounded by the timeout).
 fsdp::Distributed start_job(const TrainOptions& o, const fsdp::LaunchInfo& launch);
 
-// With --float8 (`float8`), throws fsdp::UnsupportedError naming the device when it cannot run
-// float8 GEMMs of `scaling`'s recipe (fsdp::ops::float8_unsupported_on: a GPU before compute
-// capability 8.9, say): called before the model is built.
-void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling, const c10::Device& device);
+// With --float8 (`float8`), throws fsdp::UnsupportedError on every rank when a rank's device
+// cannot run float8 GEMMs of `scaling`'s recipe (fsdp::ops::float8_unsupported_on: a GPU before
+// compute capability 8.9, say), naming the ranks: called by every rank before the model is built
+// (collective with --float8: in a job of mixed GPUs no rank is left waiting for the others).
+void check_float8_device(bool float8, fsdp::ops::Float8Scaling scaling,
+                         const fsdp::Distributed& dist);
 
 }  // namespace trainer
