@@ -61,7 +61,7 @@ std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tenso
     const auto other = run();
     for (size_t i = 0; i < first.size(); ++i) {
       EXPECT_TRUE(first[i].view(at::kByte).equal(other[i].view(at::kByte)))
-          << "result " << i << " depends on the order of the threads (order "
+          << "result " << i << " depends on the order of the threads or blocks (order "
           << static_cast<int>(order) << ")";
     }
   }
@@ -427,6 +427,12 @@ __global__ void neighbour_kernel(int* out, bool synced) {
   out[threadIdx.x] = slots[(threadIdx.x + 1) % blockDim.x];
 }
 
+// Block b writes out[b] from out[b - 1], block b - 1's result: no order between blocks
+// guarantees that on a GPU.
+__global__ void chained_blocks_kernel(int* out) {
+  if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x == 0 ? 1 : out[blockIdx.x - 1] + 1;
+}
+
 // Thread i reads slot i of a static shared array that thread 0 writes at its first slot only.
 __global__ void static_shared_kernel(unsigned* out) {
   __shared__ unsigned slots[4];
@@ -472,6 +478,20 @@ TEST(CudaEmulator, ShowsARaceAndNotItsFix) {
   for (auto order : {Order::in_index_order, Order::reversed, Order::warp_by_warp}) {
     EXPECT_TRUE(run(true, order).equal(expected));
   }
+}
+
+// The reversed orders run the blocks from the last: a block that reads another's result shows.
+TEST(CudaEmulator, ShowsABlockReadingAnotherBlocksWrite) {
+  auto run = [](cuda_emulator::Order order) {
+    cuda_emulator::set_order(order);
+    auto out = at::zeros({4}, at::kInt);
+    cuda_emulator::launch(chained_blocks_kernel, 4, 32, 0, nullptr, out.data_ptr<int>());
+    cuda_emulator::set_order(cuda_emulator::Order::in_index_order);
+    return out;
+  };
+  using cuda_emulator::Order;
+  EXPECT_TRUE(run(Order::in_index_order).equal(at::arange(1, 5, at::kInt)));
+  EXPECT_FALSE(run(Order::reversed).equal(run(Order::in_index_order)));
 }
 
 // Static shared memory starts as 0xff bytes in every block, as the dynamic part does: what the

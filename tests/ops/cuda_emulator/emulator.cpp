@@ -290,10 +290,13 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
   blockDim = block;
   gridDim = grid;
   try {
+    using cuda_emulator::Order;
+    const bool backwards = order == Order::reversed || order == Order::warps_reversed;
     for (unsigned z = 0; z < grid.z; ++z) {
       for (unsigned y = 0; y < grid.y; ++y) {
         for (unsigned x = 0; x < grid.x; ++x) {
-          blockIdx = dim3(x, y, z);
+          blockIdx =
+              backwards ? dim3(grid.x - 1 - x, grid.y - 1 - y, grid.z - 1 - z) : dim3(x, y, z);
           run_block(launch);
         }
       }

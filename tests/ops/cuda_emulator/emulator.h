@@ -16,7 +16,8 @@
 // without a barrier between. The shared memory of each block, static and dynamic, starts as
 // 0xff bytes (NaN as floats), so that a read before any write shows.
 //
-// What it cannot show: speed; a race between blocks (they run one after another); a lost update
+// What it cannot show: speed; a race between blocks beyond what their order shows (they run one
+// after another, first to last or last to first); a lost update
 // (a thread runs from barrier to barrier uninterrupted, so a plain read-modify-write where an
 // atomic is needed still adds up); the device's own math functions (expf, log2f: the host's are
 // called); which a * b + c the device fuses into one rounding (the host compiler fuses those it
@@ -80,6 +81,9 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
 // - warp_by_warp: each warp up to its next __syncthreads (through its shuffles) before the
 //   next warp starts: a warp runs ahead of the others as far as the barriers let it;
 // - warps_reversed: the same from the last warp to the first.
+// The two reversed orders also run the grid's blocks from the last to the first (the others from
+// the first): a kernel in which a block reads what another block writes, which no order between
+// blocks guarantees on a GPU, then differs too.
 enum class Order { in_index_order, reversed, warp_by_warp, warps_reversed };
 void set_order(Order order);
 
