@@ -6,8 +6,10 @@
 // weight gradient in shared and in global memory. Each runs in each of the emulator's four
 // orders of the threads: the results must be the same bits (a kernel that reads another
 // thread's write without a barrier between would differ); and in two grids, the launches' own
-// and one cut to 2 blocks (so that a block takes several rows: in_each_grid). What only a GPU
-// shows (speed, the device's math functions, out-of-bounds accesses) is test_fused_cuda's.
+// and one cut to 2 blocks (so that a block takes several rows: in_each_grid). Every buffer ends
+// at a page that faults (guarded), so a read or write past its end stops the test. What only a
+// GPU shows (speed, the device's math functions, other out-of-bounds accesses) is
+// test_fused_cuda's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +20,7 @@
 #include "ops/cuda/cross_entropy_kernels.h"
 #include "ops/cuda/float8_kernels.h"
 #include "ops/cuda/fused_kernels.h"
+#include "ops/cuda_emulator/guarded_memory.h"
 #include "ops/fused_reference.h"
 #include "support/tensor_compare.h"
 
@@ -32,10 +35,27 @@ k::DType kernel_dtype(at::ScalarType t) {
                               : k::DType::kHalf;
 }
 
-// `values` as `dtype` on the host, off a 16-byte boundary when `offset` (fused_reference.h).
-at::Tensor stored(const at::Tensor& values, at::ScalarType dtype, bool offset) {
-  return testing::stored(values, at::TensorOptions().dtype(dtype), offset);
+// Every tensor a kernel reads or writes lies in guarded memory (guarded_memory.h): its last byte
+// is the last before a page that faults, so that an access past its end stops the test. With
+// `offset` it starts off a 16-byte boundary instead (the kernels' single-element paths), one
+// element short of the guard page.
+at::Tensor guarded(at::IntArrayRef sizes, at::ScalarType dtype, bool offset = false) {
+  const int64_t numel = c10::multiply_integers(sizes);
+  const size_t item = c10::elementSize(dtype);
+  auto memory = cuda_emulator::guarded_alloc((numel + (offset ? 1 : 0)) * item);
+  return at::from_blob(
+      memory.get(), sizes, [memory](void*) mutable { memory.reset(); },
+      at::TensorOptions().dtype(dtype));
 }
+at::Tensor guarded_like(const at::Tensor& t) { return guarded(t.sizes(), t.scalar_type()); }
+
+// `values` as `dtype` in guarded memory, off a 16-byte boundary when `offset`.
+at::Tensor stored(const at::Tensor& values, at::ScalarType dtype, bool offset = false) {
+  auto t = guarded(values.sizes(), dtype, offset);
+  t.copy_(values);
+  return t;
+}
+at::Tensor stored(const at::Tensor& values) { return stored(values, values.scalar_type()); }
 
 // The kernels' tests. On x86 their sources are built with -mfma (tests/CMakeLists.txt: the
 // host fuses a * b + c as the device does), which a processor without FMA cannot run.
@@ -104,12 +124,12 @@ TEST_F(CudaKernelsEmulated, RmsNormEqualsLlamasFormula) {
                                                 << d << " offset " << offset;
         at::manual_seed(5);
         const auto x = stored(at::randn({rows, d}) * 3, dtype, offset);
-        const auto w = (at::rand({d}) + 0.5).to(dtype);
+        const auto w = stored(at::rand({d}) + 0.5, dtype);
         const auto dy = stored(at::randn({rows, d}), dtype, offset);
         const auto out = in_every_order([&] {
-          auto y = at::empty_like(x), dx = at::empty_like(x), dx_frozen = at::empty_like(x);
-          auto rstd = at::empty({rows}, at::kFloat), dw = at::empty({d}, at::kFloat);
-          auto workspace = at::empty({k::rms_norm_workspace_floats(rows, d)}, at::kFloat);
+          auto y = guarded_like(x), dx = guarded_like(x), dx_frozen = guarded_like(x);
+          auto rstd = guarded({rows}, at::kFloat), dw = guarded({d}, at::kFloat);
+          auto workspace = guarded({k::rms_norm_workspace_floats(rows, d)}, at::kFloat);
           const auto t = kernel_dtype(dtype);
           EXPECT_EQ(k::rms_norm_forward(t, x.data_ptr(), w.data_ptr(), y.data_ptr(),
                                         rstd.data_ptr<float>(), rows, d, 1e-5f, nullptr),
@@ -148,10 +168,10 @@ TEST_F(CudaKernelsEmulated, AddRmsNormEqualsTheAddThenTheNorm) {
         const auto where = ::testing::Message() << c10::toString(dtype) << " d " << d;
         at::manual_seed(6);
         const int64_t rows = 7;
-        const auto x = at::randn({rows, d}).to(dtype), y = at::randn({rows, d}).to(dtype);
-        const auto w = (at::rand({d}) + 0.5).to(dtype);
+        const auto x = stored(at::randn({rows, d}), dtype), y = stored(at::randn({rows, d}), dtype);
+        const auto w = stored(at::rand({d}) + 0.5, dtype);
         const auto out = in_every_order([&] {
-          auto h = at::empty_like(x), o = at::empty_like(x), rstd = at::empty({rows}, at::kFloat);
+          auto h = guarded_like(x), o = guarded_like(x), rstd = guarded({rows}, at::kFloat);
           EXPECT_EQ(k::add_rms_norm_forward(kernel_dtype(dtype), x.data_ptr(), y.data_ptr(),
                                             h.data_ptr(), w.data_ptr(), o.data_ptr(),
                                             rstd.data_ptr<float>(), rows, d, 1e-6f, nullptr),
@@ -179,7 +199,7 @@ TEST_F(CudaKernelsEmulated, SwigluEqualsSiluTimesUp) {
         const auto u = stored(at::randn({numel}), dtype, offset);
         const auto dout = stored(at::randn({numel}), dtype, offset);
         const auto out = in_every_order([&] {
-          auto o = at::empty_like(g), dg = at::empty_like(g), du = at::empty_like(g);
+          auto o = guarded_like(g), dg = guarded_like(g), du = guarded_like(g);
           const auto t = kernel_dtype(dtype);
           EXPECT_EQ(k::swiglu_forward(t, g.data_ptr(), u.data_ptr(), o.data_ptr(), numel, nullptr),
                     cudaSuccess);
@@ -222,12 +242,12 @@ TEST_F(CudaKernelsEmulated, RopeEqualsApplyRotaryPosEmbBitForBit) {
           at::manual_seed(8);
           // 1,536 pairs: 6 blocks of 256 threads (2 in the cut grid).
           const int64_t batch = 2, seq = 64, heads = 3, d = 8;
-          const auto x = at::randn({batch, seq, heads, d}).to(dtype);
-          const auto cos = at::randn({cos_batch, seq, d}).to(dtype);
-          const auto sin = at::randn({cos_batch, seq, d}).to(dtype);
-          const auto dout = at::randn({batch, seq, heads, d}).to(dtype);
+          const auto x = stored(at::randn({batch, seq, heads, d}), dtype);
+          const auto cos = stored(at::randn({cos_batch, seq, d}), dtype);
+          const auto sin = stored(at::randn({cos_batch, seq, d}), dtype);
+          const auto dout = stored(at::randn({batch, seq, heads, d}), dtype);
           const auto out = in_every_order([&] {
-            auto o = at::empty_like(x), dx = at::empty_like(x);
+            auto o = guarded_like(x), dx = guarded_like(x);
             const auto t = kernel_dtype(dtype);
             EXPECT_EQ(k::rope_forward(t, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), o.data_ptr(),
                                       batch, seq, heads, d, cos_batch, nullptr),
@@ -283,12 +303,12 @@ TEST_F(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
                              << c10::toString(dtype) << " format " << static_cast<int>(format)
                              << " " << rows << " x " << cols;
           at::manual_seed(9);
-          const auto x = (at::randn({rows, cols}) * 100).to(dtype);
+          const auto x = stored(at::randn({rows, cols}) * 100, dtype);
           const int64_t ld_t = rows + 3;
           const auto out = in_every_order([&] {
-            auto amax = at::empty({1}, at::kFloat), scale = at::empty({1}, at::kFloat);
-            auto o = at::empty({rows, cols}, at::kByte);
-            auto ot = at::full({cols, ld_t}, 0x55, at::kByte);
+            auto amax = guarded({1}, at::kFloat), scale = guarded({1}, at::kFloat);
+            auto o = guarded({rows, cols}, at::kByte);
+            auto ot = guarded({cols, ld_t}, at::kByte).fill_(0x55);
             const auto t = kernel_dtype(dtype);
             EXPECT_EQ(k::abs_max(t, x.data_ptr(), rows * cols, amax.data_ptr<float>(), nullptr),
                       cudaSuccess);
@@ -297,12 +317,12 @@ TEST_F(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
                                scale.data_ptr<float>(), o.data_ptr(), ot.data_ptr(), ld_t, nullptr),
                 cudaSuccess);
             // The same scale given instead of the amax, the row-major result alone.
-            auto o2 = at::empty({rows, cols}, at::kByte);
+            auto o2 = guarded({rows, cols}, at::kByte);
             EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
                                      scale.data_ptr<float>(), o2.data_ptr(), nullptr, 0, nullptr),
                       cudaSuccess);
             // Four times that scale: the largest values saturate at the format's largest.
-            auto scale4 = scale * 4, o4 = at::empty({rows, cols}, at::kByte);
+            auto scale4 = stored(scale * 4), o4 = guarded({rows, cols}, at::kByte);
             EXPECT_EQ(k::float8_cast(t, format, x.data_ptr(), rows, cols, nullptr,
                                      scale4.data_ptr<float>(), o4.data_ptr(), nullptr, 0, nullptr),
                       cudaSuccess);
@@ -341,13 +361,13 @@ TEST_F(CudaKernelsEmulated, Float8AxiswiseCastEqualsTheRowwiseRecipe) {
         const auto format = k::Float8Format::kE4M3;
         at::manual_seed(10);
         const int64_t rows = 70, cols = 300;
-        auto x = (at::randn({rows, cols}) * at::rand({rows, 1}) * 50).to(dtype);
+        auto x = stored(at::randn({rows, cols}) * at::rand({rows, 1}) * 50, dtype);
         x[3][5] = NAN;
         x[7].zero_();  // an all-zero row: its amax is 0, the scale torchao's of 1e-12
         x.select(1, 11).zero_();
         const auto out = in_every_order([&] {
-          auto scale = at::empty({axis == 1 ? rows : cols}, at::kFloat);
-          auto o = at::empty({rows, cols}, at::kByte);
+          auto scale = guarded({axis == 1 ? rows : cols}, at::kFloat);
+          auto o = guarded({rows, cols}, at::kByte);
           EXPECT_EQ(k::float8_cast_axiswise(kernel_dtype(dtype), format, x.data_ptr(), rows, cols,
                                             axis, scale.data_ptr<float>(), o.data_ptr(), nullptr),
                     cudaSuccess);
@@ -375,18 +395,18 @@ TEST_F(CudaKernelsEmulated, CrossEntropyRowsEqualLogSoftmax) {
                                                   << " lse given " << given;
           at::manual_seed(11);
           const int64_t rows = 6;
-          const auto logits = (at::randn({rows, vocab}) * 4).to(dtype);
-          const auto index = at::randint(vocab, {rows}, at::kLong);
-          const auto counted = at::tensor({1, 1, 0, 1, 1, 1}, at::kInt).to(at::kBool);
-          const auto here = at::tensor({1, 1, 1, 0, 1, 1}, at::kInt).to(at::kBool);
-          const auto inv_count = at::full({1}, 0.2f, at::kFloat);
+          const auto logits = stored(at::randn({rows, vocab}) * 4, dtype);
+          const auto index = stored(at::randint(vocab, {rows}, at::kLong));
+          const auto counted = stored(at::tensor({1, 1, 0, 1, 1, 1}, at::kInt).to(at::kBool));
+          const auto here = stored(at::tensor({1, 1, 1, 0, 1, 1}, at::kInt).to(at::kBool));
+          const auto inv_count = stored(at::full({1}, 0.2f, at::kFloat));
           const auto f = logits.to(at::kFloat);
-          const auto lse = at::logsumexp(f, 1);
-          const auto target = f.gather(1, index.unsqueeze(1)).squeeze(1);
+          const auto lse = stored(at::logsumexp(f, 1));
+          const auto target = stored(f.gather(1, index.unsqueeze(1)).squeeze(1));
           // The rows' losses, on a copy of the logits that the gradient (with `grad`) overwrites.
           const auto rows_of = [&](bool grad) {
-            auto g = logits.clone();
-            auto loss = at::empty({rows}, at::kFloat);
+            auto g = stored(logits);
+            auto loss = guarded({rows}, at::kFloat);
             EXPECT_EQ(k::cross_entropy_rows(kernel_dtype(dtype), g.data_ptr(), rows, vocab,
                                             index.data_ptr<int64_t>(), here.data_ptr<bool>(),
                                             counted.data_ptr<bool>(), inv_count.data_ptr<float>(),
@@ -432,6 +452,9 @@ __global__ void neighbour_kernel(int* out, bool synced) {
 __global__ void chained_blocks_kernel(int* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x == 0 ? 1 : out[blockIdx.x - 1] + 1;
 }
+
+// Each thread copies its element: launched with one thread more than `in` has elements.
+__global__ void copy_kernel(const int* in, int* out) { out[threadIdx.x] = in[threadIdx.x]; }
 
 // Thread i reads slot i of a static shared array that thread 0 writes at its first slot only.
 __global__ void static_shared_kernel(unsigned* out) {
@@ -492,6 +515,17 @@ TEST(CudaEmulator, ShowsABlockReadingAnotherBlocksWrite) {
   using cuda_emulator::Order;
   EXPECT_TRUE(run(Order::in_index_order).equal(at::arange(1, 5, at::kInt)));
   EXPECT_FALSE(run(Order::reversed).equal(run(Order::in_index_order)));
+}
+
+// A read one element past a guarded buffer's end stops the program, naming it.
+TEST(CudaEmulatorDeathTest, StopsAtAReadPastABuffersEnd) {
+  const auto in = stored(at::arange(32, at::kInt));
+  auto out = guarded({64}, at::kInt);
+  cuda_emulator::launch(copy_kernel, 1, 32, 0, nullptr, in.data_ptr<int>(), out.data_ptr<int>());
+  EXPECT_TRUE(out.narrow(0, 0, 32).equal(in));
+  EXPECT_DEATH(cuda_emulator::launch(copy_kernel, 1, 33, 0, nullptr, in.data_ptr<int>(),
+                                     out.data_ptr<int>()),
+               "byte 0 past the end of a buffer of 128 bytes");
 }
 
 // Static shared memory starts as 0xff bytes in every block, as the dynamic part does: what the

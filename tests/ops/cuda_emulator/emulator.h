@@ -22,11 +22,12 @@
 // atomic is needed still adds up); the device's own math functions (expf, log2f: the host's are
 // called); which a * b + c the device fuses into one rounding (the host compiler fuses those it
 // finds in the kernels, built with -ffp-contract=fast, not necessarily the same ones; on an x86
-// processor without FMA the kernel tests skip); memory accessed out of bounds (host memory:
-// nothing traps). A launch the device would
-// refuse (more than 1024 threads in a block, more than 48 KB of dynamic shared memory (the static
-// part is not counted), a grid's y or z above 65535) is refused with cudaErrorInvalidConfiguration,
-// as cudaGetLastError reports it. A thread's stack is 64 KB with a guard page below it.
+// processor without FMA the kernel tests skip); memory accessed out of bounds, except past the
+// end of a buffer from guarded_alloc (guarded_memory.h), which stops the program: host memory
+// traps nothing else. A launch the device would refuse (more than 1024 threads in a block, more
+// than 48 KB of dynamic shared memory (the static part is not counted), a grid's y or z above
+// 65535) is refused with cudaErrorInvalidConfiguration, as cudaGetLastError reports it. A thread's
+// stack is 64 KB with a guard page below it.
 #pragma once
 
 #include <math.h>
