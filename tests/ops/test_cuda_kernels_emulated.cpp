@@ -4,8 +4,9 @@
 // cases as the GPU tests (ops/test_fused_cuda.cpp) where they are small enough to emulate: the
 // 16-byte and the single-element paths, rows wider than a block and more rows than blocks, the
 // weight gradient in shared and in global memory. Each runs in each of the emulator's four
-// orders of the threads: the results must be the same bits (a kernel that reads another
-// thread's write without a barrier between would differ); and in two grids, the launches' own
+// orders of the threads (two of them with the blocks last to first): the results must be the
+// same bits (a kernel that reads another thread's or block's write without a barrier between
+// would differ); and in two grids, the launches' own
 // and one cut to 2 blocks (so that a block takes several rows: in_each_grid). Every buffer ends
 // at a page that faults (guarded), so a read or write past its end stops the test. What only a
 // GPU shows (speed, the device's math functions, other out-of-bounds accesses) is
@@ -42,7 +43,10 @@ k::DType kernel_dtype(at::ScalarType t) {
 at::Tensor guarded(at::IntArrayRef sizes, at::ScalarType dtype, bool offset = false) {
   const int64_t numel = c10::multiply_integers(sizes);
   const size_t item = c10::elementSize(dtype);
-  auto memory = cuda_emulator::guarded_alloc((numel + (offset ? 1 : 0)) * item);
+  const size_t bytes = (numel + (offset ? 1 : 0)) * item;
+  // The start is the end's boundary minus `bytes`: off 16 bytes only if they are not a multiple.
+  EXPECT_TRUE(!offset || bytes % 16 != 0) << "no offset for " << numel << " x " << item << " bytes";
+  auto memory = cuda_emulator::guarded_alloc(bytes);
   return at::from_blob(
       memory.get(), sizes, [memory](void*) mutable { memory.reset(); },
       at::TensorOptions().dtype(dtype));
@@ -70,8 +74,9 @@ class CudaKernelsEmulated : public ::testing::Test {
   }
 };
 
-// run() with the threads of each block in each of the emulator's orders: the tensors it returns
-// must be equal bit for bit. Returns the first order's.
+// run() with the threads of each block in each of the emulator's orders (the blocks too, in the
+// two reversed ones): the tensors it returns must be equal bit for bit. Returns the first
+// order's.
 std::vector<at::Tensor> in_every_order(const std::function<std::vector<at::Tensor>()>& run) {
   using cuda_emulator::Order;
   cuda_emulator::set_order(Order::in_index_order);
@@ -343,9 +348,9 @@ TEST_F(CudaKernelsEmulated, Float8CastEqualsTorchaosFormula) {
     }
   });
   // A NaN anywhere makes the amax NaN (the largest bits).
-  auto x = at::randn({100});
+  auto x = stored(at::randn({100}));
   x[37] = NAN;
-  auto amax = at::empty({1}, at::kFloat);
+  auto amax = guarded({1}, at::kFloat);
   EXPECT_EQ(k::abs_max(k::DType::kFloat, x.data_ptr(), 100, amax.data_ptr<float>(), nullptr),
             cudaSuccess);
   EXPECT_TRUE(std::isnan(amax.item<float>()));
@@ -514,7 +519,9 @@ TEST(CudaEmulator, ShowsABlockReadingAnotherBlocksWrite) {
   };
   using cuda_emulator::Order;
   EXPECT_TRUE(run(Order::in_index_order).equal(at::arange(1, 5, at::kInt)));
-  EXPECT_FALSE(run(Order::reversed).equal(run(Order::in_index_order)));
+  for (auto order : {Order::reversed, Order::warps_reversed}) {
+    EXPECT_FALSE(run(order).equal(run(Order::in_index_order)));
+  }
 }
 
 // A read one element past a guarded buffer's end stops the program, naming it.

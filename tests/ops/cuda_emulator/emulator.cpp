@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "guarded_memory.h"
+
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // The bounds of the section that __shared__ puts the kernels' static shared arrays in, from the
@@ -56,7 +58,8 @@ struct Launch {
   std::vector<Fiber> fibers;
   jmp_buf scheduler;
   int current = -1;
-  std::vector<unsigned char> shared;
+  std::shared_ptr<void> shared;  // guarded_alloc's: an access past its end stops the program
+  size_t shared_bytes = 0;
 };
 Launch* active = nullptr;
 
@@ -169,7 +172,7 @@ void run_until_waiting(Launch& launch, int begin, int end, bool reversed) {
 void run_block(Launch& launch) {
   auto& fibers = launch.fibers;
   for (auto& f : fibers) f.state = State::ready;
-  if (!launch.shared.empty()) std::memset(launch.shared.data(), 0xff, launch.shared.size());
+  std::memset(launch.shared.get(), 0xff, launch.shared_bytes);
   if (__start_fsdp_emulated_shared != nullptr) {
     std::memset(__start_fsdp_emulated_shared, 0xff,
                 __stop_fsdp_emulated_shared - __start_fsdp_emulated_shared);
@@ -251,7 +254,7 @@ int64_t narrow_index_limit() { return limits.narrow_index; }
 
 void* dynamic_shared_memory() {
   if (active == nullptr) throw std::logic_error("cuda emulator: shared memory outside a kernel");
-  return active->shared.data();
+  return active->shared.get();
 }
 
 void block_barrier() { wait(State::at_syncthreads); }
@@ -276,9 +279,10 @@ void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
   Launch launch;
   launch.kernel = &kernel;
   launch.fibers.resize(threads);
-  // The exact size (a read past it is the kernel's error); operator new aligns it to 16 bytes,
-  // as a device's shared memory is.
-  launch.shared.resize(shared_bytes);
+  // Rounded up to 16 bytes, so that it starts on a 16-byte boundary, as a device's shared memory
+  // does, and ends where a page that faults begins (an access past it stops the program).
+  launch.shared_bytes = (shared_bytes + 15) / 16 * 16;
+  launch.shared = guarded_alloc(launch.shared_bytes);
   for (unsigned z = 0, i = 0; z < block.z; ++z) {
     for (unsigned y = 0; y < block.y; ++y) {
       for (unsigned x = 0; x < block.x; ++x, ++i) {

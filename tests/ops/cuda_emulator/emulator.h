@@ -11,10 +11,11 @@
 // threads that have not returned, a shuffle for the 32 lanes of the warp (a warp with an ended
 // lane, a shuffle's mask other than 0xffffffff, a warp split between a shuffle and
 // __syncthreads, or threads waiting on a barrier that cannot open are reported as errors: on a
-// GPU they hang or are undefined). Between barriers the threads run in one of four orders
-// (set_order): a kernel whose result depends on the order reads what another thread writes
-// without a barrier between. The shared memory of each block, static and dynamic, starts as
-// 0xff bytes (NaN as floats), so that a read before any write shows.
+// GPU they hang or are undefined). Between barriers the threads run in one of four orders, two
+// of them with the blocks last to first (set_order): a kernel whose result depends on the order
+// reads what another thread or block writes without a barrier between. The shared memory of each
+// block, static and dynamic, starts as 0xff bytes (NaN as floats), so that a read before any
+// write shows; the dynamic part ends at a page that faults (guarded_memory.h).
 //
 // What it cannot show: speed; a race between blocks beyond what their order shows (they run one
 // after another, first to last or last to first); a lost update

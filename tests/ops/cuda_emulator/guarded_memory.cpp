@@ -24,11 +24,10 @@ constexpr int kSlots = 4096;
 std::array<std::atomic<uintptr_t>, kSlots> guards{};
 std::array<std::atomic<size_t>, kSlots> sizes{};
 
-size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 
 void on_fault(int, siginfo_t* info, void*) {
   const auto at = reinterpret_cast<uintptr_t>(info->si_addr);
-  const size_t page = page_size();
   for (int i = 0; i < kSlots; ++i) {
     const uintptr_t g = guards[i].load();
     if (g != 0 && at >= g && at < g + page) {
@@ -41,7 +40,8 @@ void on_fault(int, siginfo_t* info, void*) {
       abort();
     }
   }
-  // Not a guard page (a fiber's stack overflow, a plain crash): the default action.
+  // Not a guard page (a fiber's stack overflow, a plain crash): the default action, once the
+  // handler returns (SIGSEGV is blocked until then) and the access faults again.
   signal(SIGSEGV, SIG_DFL);
   raise(SIGSEGV);
 }
@@ -66,14 +66,19 @@ void install_handler() {
 
 std::shared_ptr<void> guarded_alloc(size_t bytes) {
   install_handler();
-  const size_t page = page_size();
   const size_t data_pages = (bytes + page - 1) / page;
   const size_t total = (data_pages + 1) * page;
   void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::runtime_error("cuda emulator: no memory for a guarded buffer");
   char* guard = static_cast<char*>(p) + data_pages * page;
-  if (p == MAP_FAILED || mprotect(guard, page, PROT_NONE) != 0) {
-    throw std::runtime_error("cuda emulator: no memory for a guarded buffer");
+  if (mprotect(guard, page, PROT_NONE) != 0) {
+    munmap(p, total);
+    throw std::runtime_error("cuda emulator: cannot protect a guarded buffer's guard page");
   }
+  // Not the zeros of a fresh mapping: an output a kernel leaves unwritten must not pass for one
+  // it wrote zeros to (NaN as floats, as the emulator's shared memory).
+  std::memset(guard - bytes, 0xff, bytes);
+  // A free slot (0): compare_exchange writes what it found into `free`, hence its reset.
   int slot = 0;
   for (uintptr_t free = 0; slot < kSlots; ++slot, free = 0) {
     if (guards[slot].compare_exchange_strong(free, reinterpret_cast<uintptr_t>(guard))) break;
