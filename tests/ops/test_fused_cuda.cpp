@@ -28,6 +28,15 @@
 namespace fsdp::testing::fused_cuda_test {
 namespace {
 
+// `values` copied to a contiguous tensor of `opts`, starting one element into its storage when
+// `offset` (then off a 16-byte boundary: the kernels' single-element paths).
+at::Tensor stored(const at::Tensor& values, const at::TensorOptions& opts, bool offset) {
+  const int64_t n = values.numel(), skip = offset ? 1 : 0;
+  auto t = at::empty({n + skip}, opts).narrow(0, skip, n).view(values.sizes());
+  t.copy_(values);
+  return t;
+}
+
 TEST(FusedCuda, KernelsAreBuiltForTheGpuCheck) {
   FSDP_SKIP_WITHOUT_GPU();
   if (gpu_required()) {
