@@ -4,10 +4,14 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace trainer {
 namespace {
+
+std::string error_text() { return std::strerror(errno); }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
@@ -33,10 +37,29 @@ Reporter::Reporter(const TrainOptions& options, const fsdp::Distributed& dist, M
       dist_(dist),
       lead_(dist.group->rank() == 0),
       cuda_(dist.device.is_cuda()) {
-  if (lead_ && !o_.metrics_out.empty()) {
+  if (o_.metrics_out.empty()) return;
+  // Agreed, so that every rank names it, instead of rank 0 leaving alone.
+  fsdp::agree_on<fsdp::InvalidArgument>(*dist.group, "--metrics-out", [&] {
+    if (!lead_) return;
+    errno = 0;
     metrics_.open(o_.metrics_out);
-    if (!metrics_) throw fsdp::InvalidArgument("cannot write --metrics-out " + o_.metrics_out);
-  }
+    if (!metrics_) {
+      throw fsdp::InvalidArgument(
+          fmt::format("cannot write {}{}", o_.metrics_out, errno ? ": " + error_text() : ""));
+    }
+  });
+}
+
+void Reporter::write_metrics(const std::string& line, int step) {
+  errno = 0;
+  metrics_ << line << "\n";
+  metrics_.flush();
+  if (metrics_) return;
+  // A full disk, a quota, a lost mount: the rest of the run would go unrecorded. Rank 0 alone
+  // writes, so it leaves alone; the library ends the job at once (see docs/library.md).
+  throw fsdp::IoError(fmt::format("writing --metrics-out {} failed after step {}{}; stopping the "
+                                  "run, whose record would be lost",
+                                  o_.metrics_out, step, errno ? ": " + error_text() : ""));
 }
 
 void Reporter::header(int64_t shard_bytes, int64_t trainable_shard_bytes,
@@ -138,8 +161,7 @@ void Reporter::end_step(int step, const torch::Tensor& loss, double grad_norm, d
     if (auto host = fsdp::host_tensor_memory(); host.tracking) {
       j["host_tensor_peak_bytes"] = host.peak;
     }
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+    write_metrics(j.dump(), step);
   }
 }
 
@@ -149,10 +171,9 @@ void Reporter::validation(int steps_done, double val_loss, int64_t windows) {
              val_loss, windows, o_.seq);
   std::fflush(stdout);
   if (metrics_.is_open()) {
-    metrics_
-        << nlohmann::json{{"step", steps_done}, {"val_loss", val_loss}, {"windows", windows}}.dump()
-        << "\n";
-    metrics_.flush();
+    write_metrics(
+        nlohmann::json{{"step", steps_done}, {"val_loss", val_loss}, {"windows", windows}}.dump(),
+        steps_done);
   }
 }
 

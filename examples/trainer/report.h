@@ -25,7 +25,8 @@ struct ModelInfo {
 
 class Reporter {
  public:
-  // Rank 0 prints; it also opens --metrics-out (InvalidArgument if it cannot).
+  // Rank 0 prints; it also opens --metrics-out (collective: InvalidArgument on every rank if it
+  // cannot). A later write that fails (a full disk) throws IoError on rank 0.
   Reporter(const TrainOptions& options, const fsdp::Distributed& dist, ModelInfo model);
 
   // startup_peak_bytes: this rank's peak RSS once the model is built and sharded (collective:
@@ -44,6 +45,9 @@ class Reporter {
   void summary();
 
  private:
+  // One JSON line to --metrics-out, flushed; IoError naming the file and `step` if it fails.
+  void write_metrics(const std::string& line, int step);
+
   const TrainOptions& o_;
   ModelInfo model_;
   const fsdp::Distributed& dist_;

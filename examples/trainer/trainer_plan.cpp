@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -93,10 +95,13 @@ int run_plan(const TrainOptions& o, const PlanModel& model) {
       auto plan = fsdp::plan::make_plan(request);
       fmt::print("{}", fsdp::plan::format_plan(request, plan));
       if (!o.plan_json.empty()) {
+        errno = 0;
         std::ofstream out(o.plan_json);
         out << fsdp::plan::plan_json(request, plan) << "\n";
+        out.close();  // the buffered write fails here on a full disk, not at `<<`
         if (!out) {
-          fmt::print(stderr, "error: cannot write --plan-json {}\n", o.plan_json);
+          fmt::print(stderr, "error: cannot write --plan-json {}{}\n", o.plan_json,
+                     errno ? fmt::format(": {}", std::strerror(errno)) : "");
           return 1;
         }
       }

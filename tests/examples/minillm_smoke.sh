@@ -112,6 +112,14 @@ expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" "$
 expect_error "--offload: bogus not in" "$bin" --offload bogus
 expect_error "--quantize-all-gather: must be a block size, a multiple of 4" "$bin" --quantize-all-gather 6
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "$bin" "${args[@]}" --grad-accum 3
+# Files the run writes: one it cannot open fails before training on every rank; a write that
+# fails later (a full disk) stops the run naming the file and the cause, never silently.
+expect_error "--metrics-out: rank 0: cannot write /nonexistent/m.jsonl: No such file or directory" \
+  "$bin" "${args[@]}" --metrics-out /nonexistent/m.jsonl
+if [ -c /dev/full ]; then
+  expect_error "writing --metrics-out /dev/full failed after step 0: No space left on device" \
+    "$bin" "${args[@]}" --metrics-out /dev/full
+fi
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then
   echo "expected --batch 3 to fail on 2 ranks"; fail=1
@@ -161,6 +169,10 @@ fi
 expect_error "fsdp_plan gpt2: unknown model; expected llama" "$planner" gpt2 --preset x
 expect_error "The following argument was not expected: --plan" "$planner" minillm --plan
 expect_error "--heads must divide --dim" "$planner" minillm --dim 64 --heads 5
+if [ -c /dev/full ]; then
+  expect_error "cannot write --plan-json /dev/full: No space left on device" \
+    "$planner" minillm "${plan[@]}" --plan-json /dev/full
+fi
 
 [ "$fail" -eq 0 ] && echo "minillm smoke: passed"
 exit "$fail"
