@@ -4,7 +4,8 @@
 // MODE, for the last rank:
 //   stuck  stops issuing collectives (sleeps 300 s) and stays alive: survivors must raise
 //          CommError within the group's timeout (TIMEOUT_S);
-//   throw  throws out of its work; main reports it and returns 1, as a trainer would;
+//   throw  throws out of its work, past the group's scope; main reports it and returns 1, as a
+//          trainer does: the job must end at once, before the survivors' timeout;
 //   exit   leaves quietly with status 0 in the middle of the run;
 //   kill   is SIGKILLed;
 //   desync issues an all-gather where the others all-reduce (run with FSDP_DEBUG_DESYNC=1:
@@ -34,18 +35,20 @@ void misbehave(const std::string& mode) {
   if (mode == "kill") std::raise(SIGKILL);
 }
 
-}  // namespace
+// This rank, for main's message (the group is gone by then).
+int g_rank = -1;
 
-int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync TIMEOUT_S\n";
-    return 2;
-  }
-  const std::string mode = argv[1];
+// The ranks' work. Survivors catch CommError here, their group still alive (a broken MPI group
+// aborts the job when it goes). Any other error leaves this function, so that the group is
+// destroyed while the error propagates, as in a trainer whose main catches it outside the scope
+// that holds the group: the library must then end the job at once, not after the survivors'
+// timeout.
+int run(const std::string& mode, int timeout_s) {
   fsdp::InitOptions options;
-  options.timeout = std::chrono::seconds(std::atoi(argv[2]));
+  options.timeout = std::chrono::seconds(timeout_s);
   auto d = fsdp::init_from_env(options);
   const int rank = d.group->rank(), last = d.group->size() - 1;
+  g_rank = rank;
   d.group->barrier()->wait();
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -63,10 +66,22 @@ int main(int argc, char** argv) {
     std::cout << "rank " << rank << ": CommError after " << seconds_since(t0) << " s: " << e.what()
               << std::endl;
     return 3;
-  } catch (const std::exception& e) {
-    std::cout << "rank " << rank << ": error: " << e.what() << std::endl;
-    return 1;
   }
   std::cout << "rank " << rank << ": collectives did not fail in 120 s" << std::endl;
   return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync TIMEOUT_S\n";
+    return 2;
+  }
+  try {
+    return run(argv[1], std::atoi(argv[2]));
+  } catch (const std::exception& e) {
+    std::cout << "rank " << g_rank << ": error: " << e.what() << std::endl;
+    return 1;
+  }
 }

@@ -5,7 +5,10 @@
 # Cases (tests/comm/failing_rank.cpp): the last rank stops issuing collectives (survivors must
 # raise CommError within the 5 s timeout, then the job ends), throws, is SIGKILLed, or issues
 # another collective than the others (FSDP_DEBUG_DESYNC=1: every rank must name it); and the
-# trainer with one rank killed by kill -9 in the middle of training.
+# trainer with one rank killed by kill -9 in the middle of training, and with rank 0 failing
+# alone in the middle of training (its --metrics-out on a full disk, /dev/full).
+# A rank that fails with an error (throw, the full disk) must end the job at once: those cases
+# run with a 600 s timeout, beyond the limit, so that survivors waiting for it fail the test.
 set -uo pipefail
 failing="$1"; train="$2"; shift 2
 mpiexec=("$@")
@@ -15,6 +18,7 @@ launch="$root/scripts/launch.sh"
 fsdp_one_thread
 fsdp_scratch
 timeout_s=5
+long_timeout_s=600
 # The bound each case must meet, seconds: generous, so that it tells a job that ended from one
 # that hangs on any machine, however busy (the times are printed, and bench/ reports them).
 limit=$((timeout_s + 115))
@@ -73,14 +77,25 @@ for np in 2 4; do
   for mode in stuck throw kill desync; do
     for via in mpirun launch; do
       desync=0; [ "$mode" = desync ] && desync=1
+      wait_s=$timeout_s; [ "$mode" = throw ] && wait_s=$long_timeout_s
       if [ "$via" = mpirun ]; then
         run "$via" env FSDP_DEBUG_DESYNC=$desync "${mpiexec[@]}" -n "$np" "$failing" "$mode" \
-          "$timeout_s"
+          "$wait_s"
       else
         run "$via" env FSDP_BACKEND=gloo FSDP_DEBUG_DESYNC=$desync "$launch" --nproc "$np" \
-          "$failing" "$mode" "$timeout_s"
+          "$failing" "$mode" "$wait_s"
       fi
       detail=""
+      if [ "$mode" = throw ]; then
+        # The failing rank's own error is what the job says, and no survivor waited for its
+        # timeout (under MPI the failing rank does not sit in MPI_Finalize waiting for them).
+        if ! grep -q "rank $((np - 1)): error: failing_rank: this rank's step failed" "$log"; then
+          echo "$via np$np throw: the failing rank's error is missing"; tail -20 "$log"; fail=1
+        fi
+        if grep -q "did not complete within" "$log"; then
+          echo "$via np$np throw: a survivor waited for its timeout"; tail -20 "$log"; fail=1
+        fi
+      fi
       if [ "$mode" = desync ]; then
         # Every rank names the divergent collective, none waits for the timeout.
         named=$(grep -c "CommError after .*desynchronised collectives" "$log")
@@ -128,5 +143,28 @@ for np in 2 4; do
     pkill -9 -f -- "--seed 4242" 2>/dev/null
   done
 done
+# The trainer, rank 0 failing alone in the middle of training: its --metrics-out is on a full
+# disk (/dev/full: the first line written after step 0 fails). Rank 0 names the file and the
+# cause, and the job ends at once, not after the others' collective timeout.
+if [ -c /dev/full ]; then
+  for np in 2 4; do
+    for via in mpirun launch; do
+      args=(--vocab 2000 --dim 128 --layers 3 --heads 4 --seq 64 --batch 4 --steps 1000 --threads 1
+            --data synthetic --comm-timeout "$long_timeout_s" --metrics-out /dev/full)
+      if [ "$via" = mpirun ]; then
+        run "$via" "${mpiexec[@]}" -n "$np" "$train" "${args[@]}"
+      else
+        run "$via" env FSDP_BACKEND=gloo "$launch" --nproc "$np" "$train" "${args[@]}"
+      fi
+      expected="\[rank 0/$np\] error: writing --metrics-out /dev/full failed after step 0: No space left on device"
+      if ! grep -q "$expected" "$log"; then
+        echo "trainer $via np$np full disk: rank 0's error is missing"; tail -20 "$log"; fail=1
+      fi
+      check "trainer $via np$np full disk" ""
+    done
+  done
+else
+  echo "no /dev/full here: the trainer's full-disk case is not run"
+fi
 [ "$fail" -eq 0 ] && echo "failure modes: passed"
 exit "$fail"

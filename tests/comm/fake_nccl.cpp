@@ -50,7 +50,7 @@ void reset() {
   next_split = Split::kOk;
   contexts = {0};
   holding = released = in_abort = false;
-  the_stats.splits = the_stats.aborts = the_stats.set_device_calls = 0;
+  the_stats.splits = the_stats.aborts = the_stats.finalizes = the_stats.set_device_calls = 0;
   the_stats.split_slot_on_stack = false;
   current_device = 0;
 }
@@ -186,7 +186,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  return comm == nullptr ? ncclInvalidArgument : ncclSuccess;
+  if (comm == nullptr) return ncclInvalidArgument;
+  fake::stats().finalizes++;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {

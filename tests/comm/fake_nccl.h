@@ -39,6 +39,7 @@ struct Comm {
 struct Stats {
   std::atomic<int> splits{0};
   std::atomic<int> aborts{0};
+  std::atomic<int> finalizes{0};
   std::atomic<int> set_device_calls{0};
   std::atomic<bool> split_slot_on_stack{false};  // a slot NCCL writes later lay on a stack
 };

@@ -1,11 +1,13 @@
 // NcclComm's protocol against a fake NCCL (fake_nccl.h), on any machine: the non-blocking split
 // settles the parent before it reads the child (the first GPU run crashed on the reverse), a
 // failed split leaves the parent usable or aborted with its cause, never a stack slot written
-// late; an abort in progress blocks no other caller; the device guard creates no context.
+// late; an abort in progress blocks no other caller; a rank leaving on an error aborts instead of
+// finalising; the device guard creates no context.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -133,6 +135,22 @@ TEST_F(FakeNccl, AnAbortInProgressBlocksNoOtherCaller) {
   watchdog.join();
   ASSERT_TRUE(done) << "a wait queued behind the abort";
   EXPECT_EQ(waiter.get(), "the peer died");
+  EXPECT_EQ(fake::stats().aborts, 1);
+}
+
+// A rank leaving on an error must not wait in ncclCommFinalize for its peers (they may wait in a
+// collective it will never issue): destroyed while an exception propagates, the communicator is
+// aborted; destroyed otherwise, it is finalised.
+TEST_F(FakeNccl, LeavingOnAnErrorAbortsInsteadOfFinalising) {
+  { auto p = parent(); }
+  EXPECT_EQ(fake::stats().finalizes, 1);
+  EXPECT_EQ(fake::stats().aborts, 0);
+  try {
+    auto p = parent();
+    throw std::runtime_error("this rank's step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(fake::stats().finalizes, 1) << "finalised on the way out of an error";
   EXPECT_EQ(fake::stats().aborts, 1);
 }
 

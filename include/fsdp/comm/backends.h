@@ -34,6 +34,10 @@ std::string nccl_version();
 // hangs or stopped issuing collectives) throws CommError naming the operation and the time
 // waited; MPI cannot cancel the collective, so the job is then aborted (MPI_Abort) when the
 // process destroys its MPI groups or 10 s later, whichever is first. 0: wait forever.
+// A process leaving on an error (its last MPI group destroyed while an exception propagates)
+// finalises MPI only if every rank is leaving within 3 s as well; otherwise it leaves MPI
+// unfinalised, so that mpirun ends the job when it exits instead of the others waiting out
+// their timeout.
 // Throws UnsupportedError when built without MPI, CommError when MPI fails.
 ProcessGroupPtr make_mpi_world_group(std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
@@ -52,6 +56,10 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, in
 // stuck peer), failed on the GPU (its CUDA error becomes the cause), or NCCL reports an
 // asynchronous error; waits and later collectives then throw CommError with the cause.
 // 0: no watchdog, and no limit on the initialisation.
+// Destroyed while an exception propagates (the process leaves on an error), the group aborts
+// its communicator instead of waiting for its collectives and finalising, either of which can
+// wait for peers that will never come.
+
 // Collectives run on the group's own stream after the caller's current stream; wait() orders
 // the caller's stream after them. The group keeps a collective's tensors until a wait() on the
 // stream that was current when it was issued (buffers allocated there may be reused by that

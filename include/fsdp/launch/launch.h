@@ -135,6 +135,11 @@ struct Distributed {
 // current device of the calling thread (once, here), so that work the program queues without
 // naming a device index lands on it. Throws LaunchError for a bad environment or an impossible
 // choice, CommError when the engine fails to start.
+// Ending on an error: let an error that leaves training propagate out of the scope that holds
+// the Distributed (catch it in main, around that scope). Its groups, destroyed while the
+// exception propagates, then do not wait for the other ranks (see make_mpi_world_group and
+// make_nccl_group), and the launcher ends the job as this process exits. Caught while the
+// groups live, the error leaves their ordinary teardown to wait for the others' timeout.
 Distributed init_from_env(const InitOptions& options = {});
 
 // The same from a LaunchInfo the program already has (detect_launch() called once, say to

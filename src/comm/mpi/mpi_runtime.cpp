@@ -1,6 +1,7 @@
 #include "comm/mpi/mpi_runtime.h"
 
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -34,6 +35,8 @@ std::shared_ptr<MpiRuntime> MpiRuntime::acquire() {
     FSDP_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "init", -1,
                    -1);
     rt->initialised_here_ = true;
+    // Collective, as every caller of acquire() is (the world group's own MPI_Comm_dup follows).
+    FSDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt->leave_comm_), "init", -1, -1);
   } else {
     MPI_Query_thread(&provided);
   }
@@ -53,6 +56,20 @@ void MpiRuntime::abort_job_later(const std::string& reason, std::chrono::millise
   }).detach();
 }
 
+bool MpiRuntime::every_rank_leaves(std::chrono::milliseconds wait) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(leave_comm_, &request) != MPI_SUCCESS) return false;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    // Left pending: the caller then leaves MPI alone, unfinalised.
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 MpiRuntime::~MpiRuntime() {
   if (broken_) {
     // MPI_Finalize would wait for the stuck collective forever.
@@ -62,7 +79,23 @@ MpiRuntime::~MpiRuntime() {
   if (!initialised_here_) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();  // a destructor never throws; nothing to report to
+  if (finalized) return;
+  if (std::uncaught_exceptions() > 0 && !every_rank_leaves(kLeaveTogether)) {
+    // The others still run (or wait in a collective this rank will never issue): finalising
+    // would hold this process until their timeout. Unfinalised, its exit ends the job.
+    int rank = -1, size = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::fprintf(stderr,
+                 "[mpi rank %d/%d] fsdp: leaving on an error while other ranks still run: MPI "
+                 "is not finalised, so the job ends when this process exits (not after the "
+                 "others' timeout)\n",
+                 rank, size);
+    std::fflush(stderr);
+    return;
+  }
+  MPI_Comm_free(&leave_comm_);
+  MPI_Finalize();  // a destructor never throws; nothing to report to
 }
 
 }  // namespace fsdp::detail

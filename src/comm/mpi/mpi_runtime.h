@@ -14,6 +14,15 @@ namespace fsdp::detail {
 
 // Holds MPI initialised. Every MPI group keeps one; the last one out finalises MPI if this
 // library initialised it (a program that called MPI_Init itself keeps ownership).
+//
+// Leaving on an error: MPI_Finalize waits for every rank, so a rank that fails alone (a file it
+// cannot write, out of memory) would sit in it while its peers wait out their collective
+// timeout (a minute by default) before the job ends. When the last group goes while an
+// exception propagates (std::uncaught_exceptions), the runtime first waits at most
+// kLeaveTogether for every rank to be leaving as well (a non-blocking barrier on a
+// communicator of its own): then the error was everyone's (an agree_on verdict) and MPI is
+// finalised as usual; else this process leaves MPI unfinalised, and the launcher (mpirun,
+// mpiexec.hydra; srun with --kill-on-bad-exit) ends the job as soon as it exits.
 class MpiRuntime {
  public:
   static std::shared_ptr<MpiRuntime> acquire();
@@ -29,9 +38,18 @@ class MpiRuntime {
   void abort_job_later(const std::string& reason, std::chrono::milliseconds grace);
   bool broken() const { return broken_.load(); }
 
+  // How long a rank leaving on an error waits for the others to be leaving too.
+  static constexpr std::chrono::milliseconds kLeaveTogether{3000};
+
  private:
   MpiRuntime() = default;
+  // True when every rank reached the leave-together barrier within `wait`.
+  bool every_rank_leaves(std::chrono::milliseconds wait);
+
   bool initialised_here_ = false;
+  // A private duplicate of MPI_COMM_WORLD for the leave-together barrier alone, so that it can
+  // never match a collective of a group (made where MPI is initialised here).
+  MPI_Comm leave_comm_ = MPI_COMM_NULL;
   bool thread_multiple_ = true;
   std::atomic<bool> broken_{false};
 };

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <exception>
 #include <memory>
 #include <thread>
 
@@ -106,6 +107,13 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key, int child_world) {
 NcclComm::~NcclComm() {
   if (aborted_ || comm_ == nullptr) return;
   CudaDeviceGuard guard(device_);
+  if (std::uncaught_exceptions() > 0) {
+    // Leaving on an error: finalising would wait for the peers to be done with the
+    // communicator, and they may be waiting in a collective this rank will never issue.
+    // Aborted, the process exits at once and its launcher ends the others.
+    ncclCommAbort(comm_);
+    return;
+  }
   // ncclCommFinalize flushes what was issued and waits (through ncclInProgress) for the other
   // ranks to be done with the communicator; bounded, since a peer may be gone.
   ncclResult_t rc = ncclCommFinalize(comm_);

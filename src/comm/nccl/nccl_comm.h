@@ -41,7 +41,8 @@ class NcclComm {
   std::shared_ptr<NcclComm> split(int color, int key, int child_world);
 
   // Flushes (ncclCommFinalize, bounded by the timeout) and destroys; after an abort, nothing
-  // (ncclCommAbort freed it). Never throws.
+  // (ncclCommAbort freed it). While an exception propagates (the process leaves on an error),
+  // aborts instead: finalising waits for peers that may never be done. Never throws.
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -126,6 +127,12 @@ class NcclProcessGroup final : public ProcessGroup {
     watchdog_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     CudaDeviceGuard guard(device_);
+    if (std::uncaught_exceptions() > 0 && !comm_->aborted()) {
+      // Leaving on an error: a collective of this rank's may wait for peers that will not join
+      // it (they wait in another), and waiting out the timeout below would hold the process.
+      // Aborted, its kernels return and the process exits; its launcher ends the others.
+      comm_->abort("the group was destroyed while this rank was leaving on an error");
+    }
     // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
     // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
     // return) and wait once more; a stream that still does not drain is left alone (leaked)
