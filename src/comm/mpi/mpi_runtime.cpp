@@ -37,6 +37,7 @@ std::shared_ptr<MpiRuntime> MpiRuntime::acquire() {
     rt->initialised_here_ = true;
     // Collective, as every caller of acquire() is (the world group's own MPI_Comm_dup follows).
     FSDP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &rt->leave_comm_), "init", -1, -1);
+    MPI_Comm_set_errhandler(rt->leave_comm_, MPI_ERRORS_RETURN);
   } else {
     MPI_Query_thread(&provided);
   }
@@ -58,7 +59,9 @@ void MpiRuntime::abort_job_later(const std::string& reason, std::chrono::millise
 
 bool MpiRuntime::every_rank_leaves(std::chrono::milliseconds wait) {
   MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Ibarrier(leave_comm_, &request) != MPI_SUCCESS) return false;
+  if (leave_comm_ == MPI_COMM_NULL || MPI_Ibarrier(leave_comm_, &request) != MPI_SUCCESS) {
+    return false;
+  }
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (;;) {
     int done = 0;
@@ -94,7 +97,7 @@ MpiRuntime::~MpiRuntime() {
     std::fflush(stderr);
     return;
   }
-  MPI_Comm_free(&leave_comm_);
+  if (leave_comm_ != MPI_COMM_NULL) MPI_Comm_free(&leave_comm_);
   MPI_Finalize();  // a destructor never throws; nothing to report to
 }
 
