@@ -9,7 +9,11 @@
 //   exit   leaves quietly with status 0 in the middle of the run;
 //   kill   is SIGKILLed;
 //   desync issues an all-gather where the others all-reduce (run with FSDP_DEBUG_DESYNC=1:
-//          every rank must raise CommError naming the divergent collective).
+//          every rank must raise CommError naming the divergent collective);
+//   late   throws after the last of 5 collectives, while the others end as usual: they print
+//          "rank R: finished" after their group is gone, and all finalise together;
+//   all    (every rank) throws the same error at the 4th collective, as an agreed verdict
+//          does: all of them report it, and all finalise together.
 // Survivors that raise print "rank R: CommError after S s: WHAT" and return 3; one whose
 // collectives never fail returns 1.
 #include <chrono>
@@ -30,7 +34,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 void misbehave(const std::string& mode) {
   if (mode == "stuck") std::this_thread::sleep_for(std::chrono::seconds(300));
-  if (mode == "throw") throw std::runtime_error("failing_rank: this rank's step failed");
+  if (mode == "throw" || mode == "all") {
+    throw std::runtime_error("failing_rank: this rank's step failed");
+  }
   if (mode == "exit") std::_Exit(0);
   if (mode == "kill") std::raise(SIGKILL);
 }
@@ -51,9 +57,10 @@ int run(const std::string& mode, int timeout_s) {
   g_rank = rank;
   d.group->barrier()->wait();
   const auto t0 = std::chrono::steady_clock::now();
+  const bool ends = mode == "late" || mode == "all";  // after 5 collectives
   try {
-    for (int i = 0; seconds_since(t0) < 120; ++i) {
-      if (rank == last && i == 3) misbehave(mode);
+    for (int i = 0; seconds_since(t0) < 120 && !(ends && i == 5); ++i) {
+      if ((rank == last || mode == "all") && i == 3) misbehave(mode);
       auto t = at::ones({4096});
       if (rank == last && i == 3 && mode == "desync") {
         d.group->all_gather(at::empty({4096 * d.group->size()}), t)->wait();
@@ -67,6 +74,10 @@ int run(const std::string& mode, int timeout_s) {
               << std::endl;
     return 3;
   }
+  if (ends) {
+    if (rank == last && mode == "late") misbehave("throw");
+    return 0;
+  }
   std::cout << "rank " << rank << ": collectives did not fail in 120 s" << std::endl;
   return 1;
 }
@@ -75,11 +86,15 @@ int run(const std::string& mode, int timeout_s) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync TIMEOUT_S\n";
+    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync|late|all TIMEOUT_S\n";
     return 2;
   }
   try {
-    return run(argv[1], std::atoi(argv[2]));
+    const int status = run(argv[1], std::atoi(argv[2]));
+    // After the group is gone: a rank ending as usual is not cut short by one leaving on an
+    // error (late).
+    if (status == 0) std::cout << "rank " << g_rank << ": finished" << std::endl;
+    return status;
   } catch (const std::exception& e) {
     std::cout << "rank " << g_rank << ": error: " << e.what() << std::endl;
     return 1;

@@ -9,6 +9,8 @@
 # alone in the middle of training (its --metrics-out on a full disk, /dev/full).
 # A rank that fails with an error (throw, the full disk) must end the job at once: those cases
 # run with a 600 s timeout, beyond the limit, so that survivors waiting for it fail the test.
+# Under MPI, ranks leaving together (one failing after the last collective, or all failing
+# alike) must all finalise, none cut short.
 set -uo pipefail
 failing="$1"; train="$2"; shift 2
 mpiexec=("$@")
@@ -114,6 +116,28 @@ for np in 2 4; do
       fi
       check "$via np$np $mode" "$detail"
     done
+  done
+done
+
+# Leaving together (MPI): a rank failing after the last collective while the others end as
+# usual (late), and every rank raising the same error (all). Every rank meets the others on its
+# way out, so none is cut short (the others' lines after their groups are gone are printed, and
+# every rank's error is), and none says it left the others running.
+for np in 2 4; do
+  for mode in late all; do
+    run mpirun "${mpiexec[@]}" -n "$np" "$failing" "$mode" "$long_timeout_s"
+    if [ "$mode" = late ]; then
+      want=$((np - 1)); got=$(grep -c "^rank [0-9]*: finished" "$log")
+    else
+      want=$np; got=$(grep -c "error: failing_rank: this rank's step failed" "$log")
+    fi
+    if [ "$got" -ne "$want" ]; then
+      echo "mpirun np$np $mode: $got of $want ranks reported"; tail -20 "$log"; fail=1
+    fi
+    if grep -q "leaving on an error while other ranks still run" "$log"; then
+      echo "mpirun np$np $mode: a rank left without the others"; tail -20 "$log"; fail=1
+    fi
+    check "mpirun np$np $mode" ""
   done
 done
 

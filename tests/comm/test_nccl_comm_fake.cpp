@@ -154,6 +154,31 @@ TEST_F(FakeNccl, LeavingOnAnErrorAbortsInsteadOfFinalising) {
   EXPECT_EQ(fake::stats().aborts, 1);
 }
 
+// ncclCommAbort can wait for peers that do not abort too: a rank leaving on an error waits for
+// it only so long, then goes on (the abort continues on its own thread), the communicator
+// marked aborted with the cause.
+TEST_F(FakeNccl, LeavingOnAnErrorWaitsForTheAbortOnlySoLong) {
+  auto p = parent();
+  fake::hold_aborts(true);
+  EXPECT_FALSE(p->abort_leaving("leaving on an error", std::chrono::milliseconds(50)));
+  EXPECT_TRUE(p->aborted());
+  try {
+    launch(*p);
+    FAIL() << "a launch on an aborted communicator";
+  } catch (const CommError& e) {
+    EXPECT_EQ(e.cause(), "leaving on an error");
+  }
+  fake::release_abort();
+  // The detached abort returns once released (a hang guard, not a timing).
+  for (int i = 0; i < 30000 && fake::stats().aborts == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(fake::stats().aborts, 1);
+  fake::hold_aborts(false);
+  EXPECT_TRUE(p->abort_leaving("again", std::chrono::milliseconds(50))) << "already aborted";
+  EXPECT_EQ(fake::stats().aborts, 1);
+}
+
 TEST_F(FakeNccl, TheDeviceGuardSetsNothingWhenTheDeviceIsCurrent) {
   std::thread([] {
     { detail::CudaDeviceGuard guard(0); }

@@ -34,10 +34,12 @@ std::string nccl_version();
 // hangs or stopped issuing collectives) throws CommError naming the operation and the time
 // waited; MPI cannot cancel the collective, so the job is then aborted (MPI_Abort) when the
 // process destroys its MPI groups or 10 s later, whichever is first. 0: wait forever.
-// A process leaving on an error (its last MPI group destroyed while an exception propagates)
-// finalises MPI only if every rank is leaving within 3 s as well; otherwise it leaves MPI
-// unfinalised, so that mpirun ends the job when it exits instead of the others waiting out
-// their timeout.
+// Every rank's last MPI group meets the others' on its way out, before MPI_Finalize. One
+// destroyed while an exception propagates (the process leaves on an error) waits there at most
+// 3 s: when the others arrive (they raised the same error, or are done) MPI is finalised;
+// otherwise MPI is left unfinalised and the job ends when this process exits (mpirun does
+// that; under other launchers MPI_Abort at exit), instead of the others waiting out their
+// timeout. Only where this library initialised MPI.
 // Throws UnsupportedError when built without MPI, CommError when MPI fails.
 ProcessGroupPtr make_mpi_world_group(std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
@@ -57,9 +59,8 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, in
 // asynchronous error; waits and later collectives then throw CommError with the cause.
 // 0: no watchdog, and no limit on the initialisation.
 // Destroyed while an exception propagates (the process leaves on an error), the group aborts
-// its communicator instead of waiting for its collectives and finalising, either of which can
-// wait for peers that will never come.
-
+// its communicator first (waiting at most 10 s for ncclCommAbort), so that neither its
+// collectives nor finalising wait for peers that will never come.
 // Collectives run on the group's own stream after the caller's current stream; wait() orders
 // the caller's stream after them. The group keeps a collective's tensors until a wait() on the
 // stream that was current when it was issued (buffers allocated there may be reused by that

@@ -1,8 +1,10 @@
 #include "comm/mpi/mpi_runtime.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace fsdp::detail {
@@ -14,12 +16,35 @@ std::string mpi_error_string(int code) {
   return std::string(text, len);
 }
 
+namespace {
+
+// Set when the runtime went without finalising MPI (leaving on an error, the others still
+// running): MPI is then neither usable nor to be initialised again in this process.
+std::atomic<bool> left_unfinalised{false};
+
+// At exit, after the program has reported its error: ends every rank whatever launched them
+// (srun, for one, ends a job whose rank exits with an error only with --kill-on-bad-exit).
+void abort_job_at_exit() { MPI_Abort(MPI_COMM_WORLD, 1); }
+
+// Open MPI's mpirun (it sets OMPI_COMM_WORLD_SIZE) ends the job when a rank exits unfinalised
+// with an error, with its usual one-paragraph report; its MPI_Abort report at exit was garbled
+// once in six runs here (Open MPI 4.1: "ORTE_ERROR_LOG: Data unpack would read past end of
+// buffer"). So under mpirun the unfinalised exit alone ends the job.
+bool launcher_ends_the_job() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+}  // namespace
+
 std::shared_ptr<MpiRuntime> MpiRuntime::acquire() {
   static std::mutex mu;
   static std::weak_ptr<MpiRuntime> current;
   std::lock_guard<std::mutex> lock(mu);
   if (auto rt = current.lock()) return rt;
 
+  if (left_unfinalised) {
+    throw CommError("mpi", "init", -1, -1,
+                    "this process left MPI on an error while other ranks still ran (its MPI "
+                    "groups were destroyed as the error propagated); the job is being ended");
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
@@ -57,12 +82,13 @@ void MpiRuntime::abort_job_later(const std::string& reason, std::chrono::millise
   }).detach();
 }
 
-bool MpiRuntime::every_rank_leaves(std::chrono::milliseconds wait) {
+bool MpiRuntime::every_rank_leaves(std::optional<std::chrono::milliseconds> wait) {
   MPI_Request request = MPI_REQUEST_NULL;
   if (leave_comm_ == MPI_COMM_NULL || MPI_Ibarrier(leave_comm_, &request) != MPI_SUCCESS) {
     return false;
   }
-  const auto deadline = std::chrono::steady_clock::now() + wait;
+  if (!wait) return MPI_Wait(&request, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+  const auto deadline = std::chrono::steady_clock::now() + *wait;
   for (;;) {
     int done = 0;
     if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
@@ -83,16 +109,23 @@ MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (std::uncaught_exceptions() > 0 && !every_rank_leaves(kLeaveTogether)) {
+  // Every rank passes the leave-together barrier on its way out, so that a rank leaving on an
+  // error meets the others there when they are done too, and all finalise. A rank leaving as
+  // usual waits for the others, as MPI_Finalize would; one leaving on an error waits a little.
+  const bool on_error = std::uncaught_exceptions() > 0;
+  if (!every_rank_leaves(on_error ? std::optional(kLeaveTogether) : std::nullopt) && on_error) {
     // The others still run (or wait in a collective this rank will never issue): finalising
-    // would hold this process until their timeout. Unfinalised, its exit ends the job.
+    // would hold this process until their timeout. Unfinalised, and aborted at exit (once the
+    // program has reported its error), this process ends the job.
+    left_unfinalised = true;
+    if (!launcher_ends_the_job()) std::atexit(abort_job_at_exit);
     int rank = -1, size = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     std::fprintf(stderr,
-                 "[mpi rank %d/%d] fsdp: leaving on an error while other ranks still run: MPI "
-                 "is not finalised, so the job ends when this process exits (not after the "
-                 "others' timeout)\n",
+                 "[mpi rank %d/%d] fsdp: leaving on an error while other ranks still run: the "
+                 "job ends when this process exits, so that they do not wait out their "
+                 "timeout\n",
                  rank, size);
     std::fflush(stderr);
     return;

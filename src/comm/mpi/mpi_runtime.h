@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fsdp/errors.h"
@@ -17,12 +18,15 @@ namespace fsdp::detail {
 //
 // Leaving on an error: MPI_Finalize waits for every rank, so a rank that fails alone (a file it
 // cannot write, out of memory) would sit in it while its peers wait out their collective
-// timeout (a minute by default) before the job ends. When the last group goes while an
-// exception propagates (std::uncaught_exceptions), the runtime first waits at most
-// kLeaveTogether for every rank to be leaving as well (a non-blocking barrier on a
-// communicator of its own): then the error was everyone's (an agree_on verdict) and MPI is
-// finalised as usual; else this process leaves MPI unfinalised, and the launcher (mpirun,
-// mpiexec.hydra; srun with --kill-on-bad-exit) ends the job as soon as it exits.
+// timeout (a minute by default) before the job ends. Every rank's last runtime passes a
+// barrier of its own (non-blocking, on a private communicator) before MPI_Finalize. A rank
+// whose last group goes while an exception propagates (std::uncaught_exceptions, counted per
+// thread) waits there at most kLeaveTogether: when every rank arrives (an error every rank
+// raised, such as an agree_on verdict, or the others done) MPI is finalised as usual; else
+// this process leaves MPI unfinalised, which ends the job when it exits: Open MPI's mpirun does
+// that by itself; under any other launcher an exit handler calls MPI_Abort, after the program
+// has reported its error. MPI cannot be used again in that process. A program that
+// initialised MPI itself keeps all of this to itself.
 class MpiRuntime {
  public:
   static std::shared_ptr<MpiRuntime> acquire();
@@ -43,8 +47,9 @@ class MpiRuntime {
 
  private:
   MpiRuntime() = default;
-  // True when every rank reached the leave-together barrier within `wait`.
-  bool every_rank_leaves(std::chrono::milliseconds wait);
+  // True when every rank reached the leave-together barrier within `wait` (none: as long as
+  // it takes).
+  bool every_rank_leaves(std::optional<std::chrono::milliseconds> wait);
 
   bool initialised_here_ = false;
   // A private duplicate of MPI_COMM_WORLD for the leave-together barrier alone, so that it can

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <exception>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -21,6 +23,20 @@ void backoff(int polls) {
   } else {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// ncclCommAbort on a detached thread, waited for at most `limit`; true when it returned. The
+// thread owns nothing of the caller's (the handle and the device are copies), so the caller may
+// go on and the process may exit while it still waits.
+bool abort_within(ncclComm_t comm, int device, std::chrono::milliseconds limit) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto returned = done->get_future();
+  std::thread([comm, device, done] {
+    CudaDeviceGuard guard(device);
+    ncclCommAbort(comm);
+    done->set_value();
+  }).detach();
+  return returned.wait_for(limit) == std::future_status::ready;
 }
 
 }  // namespace
@@ -111,7 +127,12 @@ NcclComm::~NcclComm() {
     // Leaving on an error: finalising would wait for the peers to be done with the
     // communicator, and they may be waiting in a collective this rank will never issue.
     // Aborted, the process exits at once and its launcher ends the others.
-    ncclCommAbort(comm_);
+    if (!abort_within(comm_, device_, kLeavingAbortLimit)) {
+      std::fprintf(stderr,
+                   "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while "
+                   "this rank was leaving on an error; leaving without it\n",
+                   rank_, world_, static_cast<long long>(kLeavingAbortLimit.count() / 1000));
+    }
     return;
   }
   // ncclCommFinalize flushes what was issued and waits (through ncclInProgress) for the other
@@ -198,6 +219,15 @@ std::string NcclComm::async_error() {
   if (state == ncclSuccess || state == ncclInProgress) return "";
   return fmt::format("asynchronous NCCL error: {}: {}", ncclGetErrorString(state),
                      ncclGetLastError(comm_));
+}
+
+bool NcclComm::abort_leaving(const std::string& cause, std::chrono::milliseconds limit) {
+  ncclComm_t doomed = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    doomed = mark_aborted_locked(cause);
+  }
+  return doomed == nullptr || abort_within(doomed, device_, limit);
 }
 
 void NcclComm::abort(const std::string& cause) {

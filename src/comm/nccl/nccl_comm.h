@@ -42,7 +42,8 @@ class NcclComm {
 
   // Flushes (ncclCommFinalize, bounded by the timeout) and destroys; after an abort, nothing
   // (ncclCommAbort freed it). While an exception propagates (the process leaves on an error),
-  // aborts instead: finalising waits for peers that may never be done. Never throws.
+  // aborts instead, waiting at most kLeavingAbortLimit: finalising waits for peers that may
+  // never be done. Never throws.
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -69,6 +70,12 @@ class NcclComm {
   // itself (it joins NCCL's threads: it can take seconds) runs after the lock is released, so
   // launches and waits on other threads throw the cause at once instead of queueing behind it.
   void abort(const std::string& cause);
+  // The same when this process leaves on an error, its wait bounded: ncclCommAbort can wait for
+  // peers that do not abort too (NCCL issues 863 and 1777), which would hold the process as
+  // finalising does. Past `limit` the abort goes on in a detached thread and this returns
+  // false; true once aborted (or when it already was).
+  bool abort_leaving(const std::string& cause, std::chrono::milliseconds limit);
+  static constexpr std::chrono::milliseconds kLeavingAbortLimit{10000};
   bool aborted() const { return aborted_; }
 
   int rank() const { return rank_; }

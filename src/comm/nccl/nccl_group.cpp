@@ -131,7 +131,18 @@ class NcclProcessGroup final : public ProcessGroup {
       // Leaving on an error: a collective of this rank's may wait for peers that will not join
       // it (they wait in another), and waiting out the timeout below would hold the process.
       // Aborted, its kernels return and the process exits; its launcher ends the others.
-      comm_->abort("the group was destroyed while this rank was leaving on an error");
+      if (!comm_->abort_leaving("the group was destroyed while this rank was leaving on an error",
+                                NcclComm::kLeavingAbortLimit)) {
+        // The abort did not return: kernels may still run, so neither the stream nor the
+        // tensors they use may go. Both are left as they are (leaked): the process is leaving.
+        std::fprintf(stderr,
+                     "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while "
+                     "this rank was leaving on an error; leaving without it\n",
+                     rank(), size(),
+                     static_cast<long long>(NcclComm::kLeavingAbortLimit.count() / 1000));
+        new decltype(inflight_)(std::move(inflight_));
+        return;
+      }
     }
     // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
     // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
