@@ -4,15 +4,21 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <unordered_set>
 
 #include "fsdp/comm/agree.h"
 #include "fsdp/errors.h"
+#include "fsdp/io/files.h"
 #include "fsdp/ops/float8.h"
 #include "optimizer.h"
 
@@ -90,16 +96,20 @@ std::vector<std::pair<std::string, fsdp::CollectiveStats>> group_stats(
   return out;
 }
 
+std::string trace_path(const TrainOptions& o, int rank) {
+  return fmt::format("{}/rank{}.json", o.profile_dir, rank);
+}
+
 // End of --profile-steps: each rank writes its trace; rank 0 prints the operator table and
 // the communication figures read from its trace, beside the trainer's own exposed time.
 void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
                     const fsdp::DeviceMesh& mesh, double trainer_exposed_s,
-                    const std::vector<std::pair<std::string, fsdp::CollectiveStats>>& before) {
+                    const std::vector<std::pair<std::string, fsdp::CollectiveStats>>& before,
+                    fsdp::ProfilingScope& profiling) {
   const int rank = dist.group->rank();
   const auto after = group_stats(mesh);
-  std::filesystem::create_directories(o.profile_dir);
-  const std::string path = fmt::format("{}/rank{}.json", o.profile_dir, rank);
-  auto summary = fsdp::stop_profiling(path);
+  const std::string path = trace_path(o, rank);
+  auto summary = profiling.stop(path);
   if (rank != 0) return;
   fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
              o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
@@ -255,18 +265,41 @@ struct ProfileWindow {
   double comm_before = 0;
   std::vector<std::pair<std::string, fsdp::CollectiveStats>> stats_before;
 
+  // Before the first step, on every rank alike: --profile-dir made and this rank's trace
+  // writable there (the traces come only at the window's end: a directory that cannot take them
+  // should not cost the steps before it).
+  static void prepare(const TrainOptions& o, const fsdp::Distributed& dist) {
+    if (o.profile_first < 0) return;
+    fsdp::agree_on<fsdp::InvalidArgument>(*dist.group, "--profile-dir", [&] {
+      try {
+        fsdp::io::make_directories(o.profile_dir);  // not std::filesystem: see fsdp/io/files.h
+      } catch (const fsdp::IoError& e) {
+        throw fsdp::InvalidArgument(e.what());
+      }
+      const std::string probe = trace_path(o, dist.group->rank());
+      if (!std::ofstream(probe)) {
+        throw fsdp::InvalidArgument(
+            fmt::format("cannot write {}: {}", probe, std::strerror(errno)));
+      }
+      ::unlink(probe.c_str());
+    });
+  }
+
   void before_step(int step, const TrainOptions& o, Task& task, const fsdp::DeviceMesh& mesh) {
     if (step != o.profile_first) return;
     comm_before = task.root.comm_stats().exposed_seconds;
     stats_before = group_stats(mesh);
-    fsdp::start_profiling(fsdp::ProfileOptions{o.profile_shapes});
+    profiling.emplace(fsdp::ProfileOptions{o.profile_shapes});
   }
   void after_step(int step, const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
                   const fsdp::DeviceMesh& mesh) {
     if (step != o.profile_last) return;
     report_profile(o, dist, mesh, task.root.comm_stats().exposed_seconds - comm_before,
-                   stats_before);
+                   stats_before, *profiling);
   }
+
+  // Stops the profiler if an error leaves the window early (see ProfilingScope).
+  std::optional<fsdp::ProfilingScope> profiling;
 };
 
 }  // namespace
@@ -300,6 +333,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
     validate(start);
     return 0;
   }
+  ProfileWindow::prepare(o, dist);
   ProfileWindow profile;
   int skipped = 0;  // steps skipped by --nonfinite skip
   for (int step = start; step < o.steps; ++step) {

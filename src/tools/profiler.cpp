@@ -4,7 +4,13 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <unordered_map>
 #include <utility>
 
@@ -105,6 +111,17 @@ std::pair<std::string, std::string> split_unit(const std::string& name) {
   return {name.substr(0, open), name.substr(open + 2, name.size() - open - 3)};
 }
 
+// Opens `path` for writing as the trace will be, so that a path that cannot be written is
+// named with the system's reason: kineto's save() reports nothing when it cannot write.
+void check_writable(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw IoError(fmt::format("stop_profiling: cannot write the trace to {}: {}", path,
+                              std::strerror(errno)));
+  }
+  ::close(fd);
+}
+
 }  // namespace
 
 void start_profiling(const ProfileOptions& options) {
@@ -121,9 +138,34 @@ void start_profiling(const ProfileOptions& options) {
   torch::autograd::profiler::enableProfiler(config, activities);
 }
 
+ProfilingScope::ProfilingScope(const ProfileOptions& options) { start_profiling(options); }
+
+ProfilingScope::~ProfilingScope() {
+  if (!running_) return;
+  try {
+    (void)torch::autograd::profiler::disableProfiler();
+  } catch (...) {
+    // A destructor, maybe during an error's unwinding: the profiler is off either way.
+  }
+}
+
+ProfileSummary ProfilingScope::stop(const std::string& trace_path) {
+  if (!running_) throw Error("ProfilingScope::stop: the profiler was already stopped");
+  running_ = false;  // stop_profiling stops it even when it throws
+  return stop_profiling(trace_path);
+}
+
 ProfileSummary stop_profiling(const std::string& trace_path) {
   auto result = torch::autograd::profiler::disableProfiler();
-  if (!trace_path.empty()) result->save(trace_path);
+  if (!trace_path.empty()) {
+    check_writable(trace_path);
+    result->save(trace_path);
+    struct stat written {};
+    if (::stat(trace_path.c_str(), &written) != 0 || written.st_size == 0) {
+      throw IoError(fmt::format("stop_profiling: the trace {} was not written (a full disk?)",
+                                trace_path));
+    }
+  }
   ProfileSummary out;
   std::unordered_map<uint64_t, std::vector<Span>> by_thread;
   std::unordered_map<std::string, OpStats> device_by_name;

@@ -112,13 +112,26 @@ expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" "$
 expect_error "--offload: bogus not in" "$bin" --offload bogus
 expect_error "--quantize-all-gather: must be a block size, a multiple of 4" "$bin" --quantize-all-gather 6
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "$bin" "${args[@]}" --grad-accum 3
-# Files the run writes: one it cannot open fails before training on every rank; a write that
-# fails later (a full disk) stops the run naming the file and the cause, never silently.
-expect_error "--metrics-out: rank 0: cannot write /nonexistent/m.jsonl: No such file or directory" \
-  "$bin" "${args[@]}" --metrics-out /nonexistent/m.jsonl
+# Files the run writes: one it cannot open or a --profile-dir it cannot write fails before
+# training on every rank alike (rank 1 names rank 0's failure); a write that fails later (a
+# full disk) stops the run naming the file and the cause, never silently, and an error inside
+# a profiled window still exits with status 1 (a profiler left running crashed libtorch's
+# teardown: 139).
+expect_error "[rank 1/2] error: --metrics-out: rank 0: cannot write /nonexistent/m.jsonl: No such file or directory" \
+  "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --metrics-out /nonexistent/m.jsonl
+touch "$tmp/a_file"
+expect_error "[rank 1/2] error: --profile-dir: rank 0: cannot create directory $tmp/a_file/x: Not a directory; rank 1:" \
+  "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --profile-steps 1:2 --profile-dir "$tmp/a_file/x"
 if [ -c /dev/full ]; then
   expect_error "writing --metrics-out /dev/full failed after step 0: No space left on device" \
     "$bin" "${args[@]}" --metrics-out /dev/full
+  "$bin" "${args[@]}" --profile-steps 0:2 --profile-dir "$tmp/prof" --metrics-out /dev/full \
+    > "$tmp/prof_err.log" 2>&1
+  status=$?
+  if [ "$status" -ne 1 ]; then
+    echo "FAILED: an error in a profiled window exited $status, expected 1"; cat "$tmp/prof_err.log"
+    fail=1
+  fi
 fi
 # A global batch that does not split over the ranks: every rank exits, none hangs.
 if timeout 60 "${mpiexec[@]}" -n 2 "$bin" "${sizes[@]}" --batch 3 > "$tmp/split.log" 2>&1; then

@@ -74,11 +74,29 @@ struct ProfileOptions {
 
 // Starts recording on this thread (and on the communication threads of CPU process groups,
 // which join by themselves), with CUDA activity when libtorch has CUDA and a device is present.
-// Throws Error when a profiler is already running.
+// Throws Error when a profiler is already running. Stop it on every path out, an error's too
+// (ProfilingScope does): a profiler still running when the process exits crashes libtorch's
+// teardown (SIGSEGV in its static destructors), so an error's exit status became 139.
 void start_profiling(const ProfileOptions& options = {});
 // Stops, writes the Chrome trace (JSON, opens in Perfetto and chrome://tracing) to
-// `trace_path` when it is not empty, and summarises the events.
+// `trace_path` when it is not empty, and summarises the events. Throws IoError, the profiler
+// stopped, when the trace cannot be written (naming the path and the system's reason).
 ProfileSummary stop_profiling(const std::string& trace_path);
+
+// start_profiling for a scope: destroyed before stop() (an error left the scope), it stops the
+// profiler and drops what it recorded.
+class ProfilingScope {
+ public:
+  explicit ProfilingScope(const ProfileOptions& options = {});
+  ~ProfilingScope();
+  ProfilingScope(const ProfilingScope&) = delete;
+  ProfilingScope& operator=(const ProfilingScope&) = delete;
+  // stop_profiling(trace_path). Once: Error when already stopped.
+  ProfileSummary stop(const std::string& trace_path);
+
+ private:
+  bool running_ = true;
+};
 
 // The `top` operators by self time as a text table: name, calls, self ms, total ms, self %;
 // then, when the trace has device activity, the `top` kernels by device time.
