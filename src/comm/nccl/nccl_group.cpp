@@ -159,8 +159,13 @@ class NcclProcessGroup final : public ProcessGroup {
       comm_->abort(cause);
       idle = detail::wait_until(drained, comm_->timeout());
     }
-    inflight_.clear();
-    if (idle) cudaStreamDestroy(stream_);
+    if (idle) {
+      inflight_.clear();
+      cudaStreamDestroy(stream_);
+    } else {
+      // Kernels may still read and write the collectives' tensors: they stay allocated.
+      new decltype(inflight_)(std::move(inflight_));
+    }
     // comm_ goes with the last Work that holds it.
   }
 
