@@ -22,9 +22,11 @@
 #                   cold libtorch_cuda load alone can take tens of seconds)
 #   build      300  only with GPU_CHECK_BUILD=1 (the wheel brings no CUDA compiler: the machine
 #                   must have one): the same targets, built there with -DCMAKE_CUDA_ARCHITECTURES=90
-#   nccl       110  NCCL group tests (NCCL_DEBUG=INFO); a GPU fault (a device-side assert) named
+#   nccl       150  NCCL group tests (NCCL_DEBUG=INFO); a GPU fault (a device-side assert) named
 #                   as such at world 1, and at world 2 (two ranks sharing the GPU: the faulting
-#                   rank names it, its peer fails within the timeout; seconds printed for each)
+#                   rank names it, its peer fails within the timeout; seconds printed for each);
+#                   a rank leaving on an error (its group aborts instead of finalising) gone
+#                   within 15 s of it, its peer waiting in an all-reduce (timeout 30 s)
 #   cuda_tests 120  the CUDA gtests: fully_shard against plain libtorch (fp32, bf16, bf16 with
 #                   every collective delayed 20 ms), bf16 reduction bytes, CPU and optimizer-state
 #                   offload, fake worlds 4 and 8; a test that crashes does not take the rest
@@ -110,7 +112,7 @@ all_stages="$all_stages,speed,minillm_speed"
 
 cap_of() {
   case "$1" in
-    env) echo 90 ;; build) echo 300 ;; nccl) echo 110 ;; cuda_tests) echo 120 ;; kernels) echo 60 ;;
+    env) echo 90 ;; build) echo 300 ;; nccl) echo 150 ;; cuda_tests) echo 120 ;; kernels) echo 60 ;;
     smoke) echo 45 ;; two_ranks) echo 100 ;; subgroups) echo 150 ;; lora) echo 70 ;;
     llama) echo 300 ;; reference) echo 170 ;; offload) echo 200 ;; profile) echo 45 ;;
     speed) echo 480 ;; minillm_speed) echo 360 ;;

@@ -121,9 +121,9 @@ stage_build() {
     -DFSDP_WITH_CHAT_TEMPLATES=OFF \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST || { detail "configure failed"; return 1; }
   cmake --build "$build" -j "$(nproc)" --target train_minillm test_cuda nccl_two_ranks \
-    nccl_gpu_fault || { detail "build failed (build.log)"; return 1; }
+    nccl_gpu_fault failing_rank || { detail "build failed (build.log)"; return 1; }
   echo "export FSDP_GPU_BIN='$build/bin'" >> "$L/env.sh"
-  detail "built train_minillm, test_cuda, nccl_two_ranks, nccl_gpu_fault in $build"
+  detail "built train_minillm, test_cuda, nccl_two_ranks, nccl_gpu_fault, failing_rank in $build"
 }
 
 # Two processes on cuda:0: NCCL refuses two ranks of one host on one GPU, so each names its own
@@ -172,9 +172,25 @@ stage_nccl() {
   cat "$L/nccl_fault.log"
   local said
   said="$(grep -m1 "after the fault" "$L/nccl_fault.log" | cut -c1-160)"
+  # A rank leaving on an error (rank 1 throws past its group's scope, rank 0 waits in its next
+  # all-reduce): its group aborts the communicator instead of finalising, so it must be gone
+  # well within the 30 s timeout that finalising would wait (at most the 10 s abort limit).
+  run_pair nccl_throw 45 "$FSDP_GPU_BIN/failing_rank" throw 30
+  local left left_verdict peer
+  left="$(sed -n 's/.*this rank.s step failed (reported \([0-9.e+-]*\) s after.*/\1/p' \
+    "$L/nccl_throw_rank1.log" | head -1)"
+  [ -n "$left" ] && left="$(printf '%.1f' "$left")"
+  peer="$(grep -h -m1 -oE "CommError after [0-9.]+ s" "$L/nccl_throw_rank0.log")"
+  if [ -n "$left" ] && awk -v s="$left" 'BEGIN { exit !(s < 15) }'; then
+    left_verdict="ok: left ${left} s after its error"
+  else
+    left_verdict="FAILED: ${left:+left ${left} s after its error}${left:-no report}"
+  fi
+  cat "$L"/nccl_throw_rank*.log
   detail "NcclGroup: $(gtest_counts "$L/nccl_gtest.log") | GPU fault: $verdict${said:+: $said}" \
-    "| with a peer: $pair_verdict"
-  [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ] && [ "$pair" -eq 0 ]
+    "| with a peer: $pair_verdict | a rank leaving on an error: $left_verdict" \
+    "(its peer: ${peer:-no CommError before the cap})"
+  [ "$rc" -eq 0 ] && [ "$fault" -eq 0 ] && [ "$pair" -eq 0 ] && [[ "$left_verdict" == ok* ]]
 }
 
 stage_cuda_tests() {

@@ -28,7 +28,7 @@ gpu_site="${GPU_SITE_PACKAGES:-/opt/torch/.venv/lib/python3.12/site-packages}"
 venv="$FSDP_VENV"
 jobs="${JOBS:-2}"
 programs=(train_minillm train_llama llama_dump_logits test_cuda nccl_two_ranks nccl_gpu_fault
-  kernels_bench)
+  failing_rank kernels_bench)
 
 # The wheels' library folders under a site-packages folder, as a search path.
 wheel_path() {

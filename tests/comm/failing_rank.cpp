@@ -15,7 +15,9 @@
 //   all    (every rank) throws the same error at the 4th collective, as an agreed verdict
 //          does: all of them report it, and all finalise together.
 // Survivors that raise print "rank R: CommError after S s: WHAT" and return 3; one whose
-// collectives never fail returns 1.
+// collectives never fail returns 1. A rank whose error left its groups' scope prints "rank R:
+// error: WHAT (reported S s after it was raised)" and returns 1. Tensors live on the launch's
+// device: under FSDP_BACKEND=nccl (scripts/gpu_check.sh) on the rank's GPU.
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -32,9 +34,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// When this rank raised its error (misbehave), for main's report of how long leaving took.
+std::chrono::steady_clock::time_point g_raised;
+
 void misbehave(const std::string& mode) {
   if (mode == "stuck") std::this_thread::sleep_for(std::chrono::seconds(300));
   if (mode == "throw" || mode == "all") {
+    g_raised = std::chrono::steady_clock::now();
     throw std::runtime_error("failing_rank: this rank's step failed");
   }
   if (mode == "exit") std::_Exit(0);
@@ -61,9 +67,9 @@ int run(const std::string& mode, int timeout_s) {
   try {
     for (int i = 0; seconds_since(t0) < 120 && !(ends && i == 5); ++i) {
       if ((rank == last || mode == "all") && i == 3) misbehave(mode);
-      auto t = at::ones({4096});
+      auto t = at::ones({4096}, at::TensorOptions().device(d.device));
       if (rank == last && i == 3 && mode == "desync") {
-        d.group->all_gather(at::empty({4096 * d.group->size()}), t)->wait();
+        d.group->all_gather(at::empty({4096 * d.group->size()}, t.options()), t)->wait();
       } else {
         d.group->all_reduce(t, fsdp::ReduceOp::kSum)->wait();
       }
@@ -96,7 +102,10 @@ int main(int argc, char** argv) {
     if (status == 0) std::cout << "rank " << g_rank << ": finished" << std::endl;
     return status;
   } catch (const std::exception& e) {
-    std::cout << "rank " << g_rank << ": error: " << e.what() << std::endl;
+    // After the groups are gone: how long leaving took (an NCCL group that waited for its
+    // peers instead of aborting would take the timeout).
+    std::cout << "rank " << g_rank << ": error: " << e.what() << " (reported "
+              << seconds_since(g_raised) << " s after it was raised)" << std::endl;
     return 1;
   }
 }
