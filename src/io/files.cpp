@@ -220,6 +220,18 @@ void sync_path(const std::string& path) {
 // --- publishing ----------------------------------------------------------------------------------
 
 void publish(const std::string& staged, const std::string& final_path) {
+  // rename(2) replaces whatever holds the final name: a device node, for root (an export to
+  // /dev/full replaced the device with the model).
+  struct stat existing {};
+  if (::lstat(final_path.c_str(), &existing) == 0 &&
+      !(S_ISREG(existing.st_mode) || S_ISDIR(existing.st_mode) || S_ISLNK(existing.st_mode))) {
+    const char* kind = S_ISFIFO(existing.st_mode)   ? "named pipe"
+                       : S_ISSOCK(existing.st_mode) ? "socket"
+                                                    : "device";
+    throw IoError(fmt::format(
+        "cannot write {}: it is a {}, which would be replaced; give the path of a file", final_path,
+        kind));
+  }
   // The staged entry's own contents first (a directory's entries), then the rename, then the
   // entry in the parent: after the last fsync the final name survives a power cut with every
   // byte behind it.

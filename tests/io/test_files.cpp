@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -92,6 +94,21 @@ TEST(Files, PublishIsARenameOfTheCompleteStagedEntry) {
                                    "cannot rename " + staged + " to " + final_dir);
   EXPECT_EQ(io::read_file(final_dir + "/data"), "123");
   EXPECT_EQ(io::read_file(staged + "/data"), "456");
+  io::remove_tree(dir);
+}
+
+// A name taken by a device, pipe or socket is not replaced (as root, an export to /dev/full
+// replaced the device with the model): refused, naming it, and both entries stay.
+TEST(Files, PublishDoesNotReplaceAPipeOrADevice) {
+  const auto dir = scratch("publish_special");
+  ASSERT_EQ(::mkfifo((dir + "/pipe").c_str(), 0600), 0) << std::strerror(errno);
+  io::write_file(dir + "/f.tmp", "abc");
+  expect_error_containing<IoError>([&] { io::publish(dir + "/f.tmp", dir + "/pipe"); },
+                                   "cannot write " + dir + "/pipe: it is a named pipe");
+  struct stat st {};
+  ASSERT_EQ(::lstat((dir + "/pipe").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_EQ(io::read_file(dir + "/f.tmp"), "abc");
   io::remove_tree(dir);
 }
 

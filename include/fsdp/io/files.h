@@ -99,8 +99,10 @@ void sync_path(const std::string& path);
 // Moves a complete staged file or directory to its final name, atomically and durably: fsyncs
 // `staged` (for a directory: its entries; the files inside must each have been flushed, as
 // FileWriter::close and write_file do), renames it to `final_path`, and fsyncs the directory
-// that holds `final_path`. `final_path` must not exist as a non-empty directory (rename(2)).
-// The one copy of the protocol every save of this library follows.
+// that holds `final_path`. `final_path` must not exist as a non-empty directory (rename(2)), nor
+// as a device, named pipe or socket (IoError: rename would replace it); a symbolic link there is
+// replaced by the entry, its target left alone. The one copy of the protocol every save of this
+// library follows.
 void publish(const std::string& staged, const std::string& final_path);
 
 }  // namespace fsdp::io
