@@ -4,13 +4,13 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -276,11 +276,15 @@ struct ProfileWindow {
       } catch (const fsdp::IoError& e) {
         throw fsdp::InvalidArgument(e.what());
       }
-      const std::string probe = trace_path(o, dist.group->rank());
-      if (!std::ofstream(probe)) {
-        throw fsdp::InvalidArgument(
-            fmt::format("cannot write {}: {}", probe, std::strerror(errno)));
+      // A file of its own, so that a trace of an earlier run stays until this one replaces it.
+      const std::string probe =
+          fmt::format("{}/.rank{}.probe-{}", o.profile_dir, dist.group->rank(), ::getpid());
+      const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        throw fsdp::InvalidArgument(fmt::format("cannot write in {}: {}", o.profile_dir,
+                                                std::strerror(errno)));
       }
+      ::close(fd);
       ::unlink(probe.c_str());
     });
   }
