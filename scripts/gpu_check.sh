@@ -25,8 +25,9 @@
 #   nccl       150  NCCL group tests (NCCL_DEBUG=INFO); a GPU fault (a device-side assert) named
 #                   as such at world 1, and at world 2 (two ranks sharing the GPU: the faulting
 #                   rank names it, its peer fails within the timeout; seconds printed for each);
-#                   a rank leaving on an error (its group aborts instead of finalising) gone
-#                   within 15 s of it, its peer waiting in an all-reduce (timeout 30 s)
+#                   a rank leaving on an error with an all-reduce in flight that its peer has
+#                   not reached: its group aborts instead of waiting (timeout 30 s), so it
+#                   reports its error within 15 s and exits 1
 #   cuda_tests 120  the CUDA gtests: fully_shard against plain libtorch (fp32, bf16, bf16 with
 #                   every collective delayed 20 ms), bf16 reduction bytes, CPU and optimizer-state
 #                   offload, fake worlds 4 and 8; a test that crashes does not take the rest

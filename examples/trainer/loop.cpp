@@ -105,14 +105,14 @@ std::string trace_path(const TrainOptions& o, int rank) {
 void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
                     const fsdp::DeviceMesh& mesh, double trainer_exposed_s,
                     const std::vector<std::pair<std::string, fsdp::CollectiveStats>>& before,
-                    fsdp::ProfilingScope& profiling) {
+                    fsdp::ProfilingScope& profiling, int first) {
   const int rank = dist.group->rank();
   const auto after = group_stats(mesh);
   const std::string path = trace_path(o, rank);
   auto summary = profiling.stop(path);
   if (rank != 0) return;
   fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
-             o.profile_first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
+             first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
   if (dist.device.is_cuda()) {
     // On CUDA the trace's host ranges time only the launches (the host's wait() returns at
     // once); the exposed time is the compute stream's stalls on the collectives' events, which
@@ -151,7 +151,7 @@ void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
   fmt::print("profile: waits per unit (training thread)\n{}", fsdp::format_unit_waits(summary));
   if (o.profile_shapes) {
     fmt::print("profile: roofline: scripts/roofline.py {} --steps {}\n", path,
-               o.profile_last - o.profile_first + 1);
+               o.profile_last - first + 1);
   }
 }
 
@@ -262,12 +262,13 @@ void step_unless_nonfinite(const TrainOptions& o, torch::optim::Optimizer& opt,
 // --profile-steps A:B: the profiler from step A's start to step B's end, and the communication
 // figures of those steps.
 struct ProfileWindow {
+  int first = -1;
   double comm_before = 0;
   std::vector<std::pair<std::string, fsdp::CollectiveStats>> stats_before;
 
-  // Before the first step, on every rank alike: --profile-dir made and this rank's trace
-  // writable there (the traces come only at the window's end: a directory that cannot take them
-  // should not cost the steps before it).
+  // Before the first step, on every rank alike: --profile-dir made, and a file can be written
+  // there (the traces come only at the window's end: a directory that cannot take them should
+  // not cost the steps before it).
   static void prepare(const TrainOptions& o, const fsdp::Distributed& dist) {
     if (o.profile_first < 0) return;
     fsdp::agree_on<fsdp::InvalidArgument>(*dist.group, "--profile-dir", [&] {
@@ -289,17 +290,20 @@ struct ProfileWindow {
     });
   }
 
+  // The window starts at the first of its steps this run takes: A, or the step a --resume
+  // starts from inside it.
   void before_step(int step, const TrainOptions& o, Task& task, const fsdp::DeviceMesh& mesh) {
-    if (step != o.profile_first) return;
+    if (profiling || step < o.profile_first || step > o.profile_last) return;
+    first = step;
     comm_before = task.root.comm_stats().exposed_seconds;
     stats_before = group_stats(mesh);
     profiling.emplace(fsdp::ProfileOptions{o.profile_shapes});
   }
   void after_step(int step, const TrainOptions& o, Task& task, const fsdp::Distributed& dist,
                   const fsdp::DeviceMesh& mesh) {
-    if (step != o.profile_last) return;
+    if (step != o.profile_last || !profiling) return;
     report_profile(o, dist, mesh, task.root.comm_stats().exposed_seconds - comm_before,
-                   stats_before, *profiling);
+                   stats_before, *profiling, first);
   }
 
   // Stops the profiler if an error leaves the window early (see ProfilingScope).

@@ -24,6 +24,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
     // which may finish reductions in flight (collectives every rank must join).
     const auto state = get_model_state_dict(model);
     if (!writer_rank) return;
+    io::check_publishable(path);  // before the staged copy fills a disk (/dev/full.tmp: /dev)
     std::vector<SafetensorsWriter::Spec> specs;
     for (const auto& [name, t] : state) {
       const auto dtype =

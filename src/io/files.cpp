@@ -219,7 +219,7 @@ void sync_path(const std::string& path) {
 
 // --- publishing ----------------------------------------------------------------------------------
 
-void publish(const std::string& staged, const std::string& final_path) {
+void check_publishable(const std::string& final_path) {
   // rename(2) replaces whatever holds the final name: a device node, for root (an export to
   // /dev/full replaced the device with the model).
   struct stat existing {};
@@ -232,6 +232,10 @@ void publish(const std::string& staged, const std::string& final_path) {
         "cannot write {}: it is a {}, which would be replaced; give the path of a file", final_path,
         kind));
   }
+}
+
+void publish(const std::string& staged, const std::string& final_path) {
+  check_publishable(final_path);
   // The staged entry's own contents first (a directory's entries), then the rename, then the
   // entry in the parent: after the last fsync the final name survives a power cut with every
   // byte behind it.

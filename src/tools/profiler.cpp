@@ -5,7 +5,6 @@
 #include <torch/cuda.h>
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +121,24 @@ void check_writable(const std::string& path) {
   ::close(fd);
 }
 
+// Whether the file ends as a JSON document does (its last character other than white space is
+// '}' or ']'): kineto's save() leaves an empty or cut-off file where a write failed, and says
+// nothing.
+bool ends_as_json(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char tail[64];
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  const off_t from = std::max<off_t>(0, size - static_cast<off_t>(sizeof(tail)));
+  const ssize_t n = size > 0 ? ::pread(fd, tail, sizeof(tail), from) : 0;
+  ::close(fd);
+  for (ssize_t i = n - 1; i >= 0; --i) {
+    if (tail[i] == ' ' || tail[i] == '\n' || tail[i] == '\r' || tail[i] == '\t') continue;
+    return tail[i] == '}' || tail[i] == ']';
+  }
+  return false;
+}
+
 }  // namespace
 
 void start_profiling(const ProfileOptions& options) {
@@ -160,10 +177,9 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
   if (!trace_path.empty()) {
     check_writable(trace_path);
     result->save(trace_path);
-    struct stat written {};
-    if (::stat(trace_path.c_str(), &written) != 0 || written.st_size == 0) {
-      throw IoError(fmt::format("stop_profiling: the trace {} was not written (a full disk?)",
-                                trace_path));
+    if (!ends_as_json(trace_path)) {
+      throw IoError(fmt::format(
+          "stop_profiling: the trace {} was not written whole (a full disk?)", trace_path));
     }
   }
   ProfileSummary out;

@@ -13,7 +13,9 @@
 //   late   throws after the last of 5 collectives, while the others end as usual: they print
 //          "rank R: finished" after their group is gone, and all finalise together;
 //   all    (every rank) throws the same error at the 4th collective, as an agreed verdict
-//          does: all of them report it, and all finalise together.
+//          does: all of them report it, and all finalise together;
+//   pending issues its 4th all-reduce and throws without waiting for it, while the others are
+//          still busy (60 s) before theirs: its group goes with that collective in flight.
 // Survivors that raise print "rank R: CommError after S s: WHAT" and return 3; one whose
 // collectives never fail returns 1. A rank whose error left its groups' scope prints "rank R:
 // error: WHAT (reported S s after it was raised)" and returns 1. Tensors live on the launch's
@@ -68,6 +70,13 @@ int run(const std::string& mode, int timeout_s) {
     for (int i = 0; seconds_since(t0) < 120 && !(ends && i == 5); ++i) {
       if ((rank == last || mode == "all") && i == 3) misbehave(mode);
       auto t = at::ones({4096}, at::TensorOptions().device(d.device));
+      if (mode == "pending" && i == 3) {
+        if (rank != last) std::this_thread::sleep_for(std::chrono::seconds(60));  // still busy
+        if (rank == last) {
+          auto in_flight = d.group->all_reduce(t, fsdp::ReduceOp::kSum);  // not waited for
+          misbehave("throw");
+        }
+      }
       if (rank == last && i == 3 && mode == "desync") {
         d.group->all_gather(at::empty({4096 * d.group->size()}, t.options()), t)->wait();
       } else {
@@ -92,7 +101,7 @@ int run(const std::string& mode, int timeout_s) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync|late|all TIMEOUT_S\n";
+    std::cerr << "usage: failing_rank stuck|throw|exit|kill|desync|late|all|pending TIMEOUT_S\n";
     return 2;
   }
   try {

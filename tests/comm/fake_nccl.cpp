@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <set>
+#include <thread>
 
 namespace fsdp::testing::fake_nccl {
 namespace {
@@ -46,10 +47,18 @@ ncclResult_t poll(Comm* c) {
 }  // namespace
 
 void reset() {
-  std::lock_guard<std::mutex> lock(mu);
+  std::unique_lock<std::mutex> lock(mu);
   next_split = Split::kOk;
   contexts = {0};
-  holding = released = in_abort = false;
+  // A test that failed while an abort was held leaves its thread waiting: no longer holding
+  // lets it go, and it is waited for, so that it cannot count in a later test's aborts.
+  holding = released = false;
+  abort_cv.notify_all();
+  while (in_abort) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
   the_stats.splits = the_stats.aborts = the_stats.finalizes = the_stats.set_device_calls = 0;
   the_stats.split_slot_on_stack = false;
   current_device = 0;
@@ -176,7 +185,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   std::unique_lock<std::mutex> lock(fake::mu);
   fake::in_abort = true;
-  if (fake::holding) fake::abort_cv.wait(lock, [] { return fake::released; });
+  if (fake::holding) fake::abort_cv.wait(lock, [] { return fake::released || !fake::holding; });
   fake::in_abort = false;
   auto* c = fake::as_fake(comm);
   c->aborted = true;

@@ -160,7 +160,8 @@ TEST_F(FakeNccl, LeavingOnAnErrorAbortsInsteadOfFinalising) {
 TEST_F(FakeNccl, LeavingOnAnErrorWaitsForTheAbortOnlySoLong) {
   auto p = parent();
   fake::hold_aborts(true);
-  EXPECT_FALSE(p->abort_leaving("leaving on an error", std::chrono::milliseconds(50)));
+  EXPECT_FALSE(p->abort_leaving("leaving on an error",
+                                std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
   EXPECT_TRUE(p->aborted());
   try {
     launch(*p);
@@ -175,7 +176,7 @@ TEST_F(FakeNccl, LeavingOnAnErrorWaitsForTheAbortOnlySoLong) {
   }
   EXPECT_EQ(fake::stats().aborts, 1);
   fake::hold_aborts(false);
-  EXPECT_TRUE(p->abort_leaving("again", std::chrono::milliseconds(50))) << "already aborted";
+  EXPECT_TRUE(p->abort_leaving("again", std::chrono::steady_clock::now())) << "already aborted";
   EXPECT_EQ(fake::stats().aborts, 1);
 }
 

@@ -122,6 +122,13 @@ expect_error "[rank 1/2] error: --metrics-out: rank 0: cannot write /nonexistent
 touch "$tmp/a_file"
 expect_error "[rank 1/2] error: --profile-dir: rank 0: cannot create directory $tmp/a_file/x: Not a directory; rank 1:" \
   "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --profile-steps 1:2 --profile-dir "$tmp/a_file/x"
+# A --resume from inside the --profile-steps window profiles the rest of the window.
+short=(--vocab 300 --dim 64 --layers 2 --heads 4 --seq 32 --threads 1 --batch 4)
+"$bin" "${short[@]}" --steps 2 --save-dir "$tmp/resume_prof" > "$tmp/rp1.log" 2>&1 &&
+  "$bin" "${short[@]}" --steps 4 --save-dir "$tmp/resume_prof" --resume --profile-steps 1:2 \
+    --profile-dir "$tmp/resume_prof/traces" > "$tmp/rp2.log" 2>&1 &&
+  grep -q "^profile: steps 2..2 -> " "$tmp/rp2.log" ||
+  { echo "FAILED: a resume inside the profile window"; cat "$tmp/rp1.log" "$tmp/rp2.log"; fail=1; }
 if [ -c /dev/full ]; then
   expect_error "writing --metrics-out /dev/full failed after step 0: No space left on device" \
     "$bin" "${args[@]}" --metrics-out /dev/full

@@ -59,7 +59,7 @@ ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, in
 // asynchronous error; waits and later collectives then throw CommError with the cause.
 // 0: no watchdog, and no limit on the initialisation.
 // Destroyed while an exception propagates (the process leaves on an error), the group aborts
-// its communicator first (waiting at most 10 s for ncclCommAbort), so that neither its
+// its communicator first (a process's aborts wait at most 10 s in all), so that neither its
 // collectives nor finalising wait for peers that will never come.
 // Collectives run on the group's own stream after the caller's current stream; wait() orders
 // the caller's stream after them. The group keeps a collective's tensors until a wait() on the

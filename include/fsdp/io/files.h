@@ -104,5 +104,8 @@ void sync_path(const std::string& path);
 // replaced by the entry, its target left alone. The one copy of the protocol every save of this
 // library follows.
 void publish(const std::string& staged, const std::string& final_path);
+// publish's check of `final_path` alone, for a save to make before it writes anything (IoError
+// when a device, named pipe or socket holds it).
+void check_publishable(const std::string& final_path);
 
 }  // namespace fsdp::io

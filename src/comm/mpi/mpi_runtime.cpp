@@ -24,7 +24,10 @@ std::atomic<bool> left_unfinalised{false};
 
 // At exit, after the program has reported its error: ends every rank whatever launched them
 // (srun, for one, ends a job whose rank exits with an error only with --kill-on-bad-exit).
-void abort_job_at_exit() { MPI_Abort(MPI_COMM_WORLD, 1); }
+void abort_job_at_exit() {
+  std::fflush(nullptr);  // what the program printed last (its error) goes before the job does
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
 
 // Open MPI's mpirun (it sets OMPI_COMM_WORLD_SIZE) ends the job when a rank exits unfinalised
 // with an error, with its usual one-paragraph report; its MPI_Abort report at exit was garbled
@@ -87,14 +90,15 @@ bool MpiRuntime::every_rank_leaves(std::optional<std::chrono::milliseconds> wait
   if (leave_comm_ == MPI_COMM_NULL || MPI_Ibarrier(leave_comm_, &request) != MPI_SUCCESS) {
     return false;
   }
-  if (!wait) return MPI_Wait(&request, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-  const auto deadline = std::chrono::steady_clock::now() + *wait;
+  const auto deadline =
+      std::chrono::steady_clock::now() + wait.value_or(std::chrono::milliseconds::zero());
   for (;;) {
     int done = 0;
     if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
     if (done) return true;
     // Left pending: the caller then leaves MPI alone, unfinalised.
-    if (std::chrono::steady_clock::now() >= deadline) return false;
+    if (wait && std::chrono::steady_clock::now() >= deadline) return false;
+    // Polled with a nap, not MPI_Wait (Open MPI's spins a core while a slower rank finishes).
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

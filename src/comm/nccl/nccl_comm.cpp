@@ -25,18 +25,26 @@ void backoff(int polls) {
   }
 }
 
-// ncclCommAbort on a detached thread, waited for at most `limit`; true when it returned. The
+// ncclCommAbort on a detached thread, waited for until `deadline`; true when it returned. The
 // thread owns nothing of the caller's (the handle and the device are copies), so the caller may
 // go on and the process may exit while it still waits.
-bool abort_within(ncclComm_t comm, int device, std::chrono::milliseconds limit) {
+bool abort_within(ncclComm_t comm, int device, Clock::time_point deadline) {
   auto done = std::make_shared<std::promise<void>>();
   auto returned = done->get_future();
-  std::thread([comm, device, done] {
+  try {
+    std::thread([comm, device, done] {
+      CudaDeviceGuard guard(device);
+      ncclCommAbort(comm);
+      done->set_value();
+    }).detach();
+  } catch (const std::exception&) {
+    // No thread to be had (out of memory, a thread limit: the error this process may be
+    // leaving on). Called from destructors, so never throw: abort here, unbounded.
     CudaDeviceGuard guard(device);
     ncclCommAbort(comm);
-    done->set_value();
-  }).detach();
-  return returned.wait_for(limit) == std::future_status::ready;
+    return true;
+  }
+  return returned.wait_until(deadline) == std::future_status::ready;
 }
 
 }  // namespace
@@ -127,7 +135,7 @@ NcclComm::~NcclComm() {
     // Leaving on an error: finalising would wait for the peers to be done with the
     // communicator, and they may be waiting in a collective this rank will never issue.
     // Aborted, the process exits at once and its launcher ends the others.
-    if (!abort_within(comm_, device_, kLeavingAbortLimit)) {
+    if (!abort_within(comm_, device_, leaving_deadline())) {
       std::fprintf(stderr,
                    "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while "
                    "this rank was leaving on an error; leaving without it\n",
@@ -221,13 +229,18 @@ std::string NcclComm::async_error() {
                      ncclGetLastError(comm_));
 }
 
-bool NcclComm::abort_leaving(const std::string& cause, std::chrono::milliseconds limit) {
+bool NcclComm::abort_leaving(const std::string& cause, Clock::time_point deadline) {
   ncclComm_t doomed = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     doomed = mark_aborted_locked(cause);
   }
-  return doomed == nullptr || abort_within(doomed, device_, limit);
+  return doomed == nullptr || abort_within(doomed, device_, deadline);
+}
+
+Clock::time_point NcclComm::leaving_deadline() {
+  static const Clock::time_point deadline = Clock::now() + kLeavingAbortLimit;
+  return deadline;
 }
 
 void NcclComm::abort(const std::string& cause) {

@@ -42,8 +42,8 @@ class NcclComm {
 
   // Flushes (ncclCommFinalize, bounded by the timeout) and destroys; after an abort, nothing
   // (ncclCommAbort freed it). While an exception propagates (the process leaves on an error),
-  // aborts instead, waiting at most kLeavingAbortLimit: finalising waits for peers that may
-  // never be done. Never throws.
+  // aborts instead, waiting at most until leaving_deadline(): finalising waits for peers that
+  // may never be done. Never throws.
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -72,9 +72,13 @@ class NcclComm {
   void abort(const std::string& cause);
   // The same when this process leaves on an error, its wait bounded: ncclCommAbort can wait for
   // peers that do not abort too (NCCL issues 863 and 1777), which would hold the process as
-  // finalising does. Past `limit` the abort goes on in a detached thread and this returns
+  // finalising does. Past `deadline` the abort goes on in a detached thread and this returns
   // false; true once aborted (or when it already was).
-  bool abort_leaving(const std::string& cause, std::chrono::milliseconds limit);
+  bool abort_leaving(const std::string& cause, std::chrono::steady_clock::time_point deadline);
+  // The process's one deadline for leaving on an error, kLeavingAbortLimit after its first call:
+  // every abort and stream drain on the way out waits at most until then (a process has several
+  // communicators, and when one abort hangs the others usually do too).
+  static std::chrono::steady_clock::time_point leaving_deadline();
   static constexpr std::chrono::milliseconds kLeavingAbortLimit{10000};
   bool aborted() const { return aborted_; }
 

@@ -127,28 +127,39 @@ class NcclProcessGroup final : public ProcessGroup {
     watchdog_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     CudaDeviceGuard guard(device_);
+    const auto drained = [this] { return cudaStreamQuery(stream_) != cudaErrorNotReady; };
     if (std::uncaught_exceptions() > 0 && !comm_->aborted()) {
       // Leaving on an error: a collective of this rank's may wait for peers that will not join
       // it (they wait in another), and waiting out the timeout below would hold the process.
-      // Aborted, its kernels return and the process exits; its launcher ends the others.
-      if (!comm_->abort_leaving("the group was destroyed while this rank was leaving on an error",
-                                NcclComm::kLeavingAbortLimit)) {
-        // The abort did not return: kernels may still run, so neither the stream nor the
-        // tensors they use may go. Both are left as they are (leaked): the process is leaving.
-        std::fprintf(stderr,
-                     "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while "
-                     "this rank was leaving on an error; leaving without it\n",
-                     rank(), size(),
-                     static_cast<long long>(NcclComm::kLeavingAbortLimit.count() / 1000));
-        new decltype(inflight_)(std::move(inflight_));
+      // Aborted, its kernels return and the process exits; its launcher ends the others. The
+      // abort and the drain after it wait at most until the process's leaving deadline.
+      const auto deadline = NcclComm::leaving_deadline();
+      const bool aborted = comm_->abort_leaving(
+          "the group was destroyed while this rank was leaving on an error", deadline);
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     deadline - std::chrono::steady_clock::now()));
+      if (aborted && detail::wait_until(drained, left)) {
+        inflight_.clear();
+        cudaStreamDestroy(stream_);
         return;
       }
+      // Kernels may still run, so neither the stream nor the tensors they use may go. Both are
+      // left as they are (leaked): the process is leaving.
+      std::fprintf(stderr,
+                   "[nccl rank %d/%d] fsdp: %s within %lld s while this rank was leaving on an "
+                   "error; leaving without it\n",
+                   rank(), size(),
+                   aborted ? "the stream did not drain after ncclCommAbort"
+                           : "ncclCommAbort did not return",
+                   static_cast<long long>(NcclComm::kLeavingAbortLimit.count() / 1000));
+      new decltype(inflight_)(std::move(inflight_));
+      return;
     }
     // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
     // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
     // return) and wait once more; a stream that still does not drain is left alone (leaked)
     // rather than destroyed under running work.
-    const auto drained = [this] { return cudaStreamQuery(stream_) != cudaErrorNotReady; };
     bool idle = detail::wait_until(drained, comm_->timeout());
     if (!idle) {
       const std::string cause = fmt::format(
