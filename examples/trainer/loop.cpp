@@ -1,10 +1,9 @@
 #include "loop.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
-
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -111,8 +110,8 @@ void report_profile(const TrainOptions& o, const fsdp::Distributed& dist,
   const std::string path = trace_path(o, rank);
   auto summary = profiling.stop(path);
   if (rank != 0) return;
-  fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}",
-             first, o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
+  fmt::print("profile: steps {}..{} -> {}/rank*.json (open in https://ui.perfetto.dev)\n{}", first,
+             o.profile_last, o.profile_dir, fsdp::format_op_table(summary));
   if (dist.device.is_cuda()) {
     // On CUDA the trace's host ranges time only the launches (the host's wait() returns at
     // once); the exposed time is the compute stream's stalls on the collectives' events, which
@@ -282,8 +281,8 @@ struct ProfileWindow {
           fmt::format("{}/.rank{}.probe-{}", o.profile_dir, dist.group->rank(), ::getpid());
       const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd < 0) {
-        throw fsdp::InvalidArgument(fmt::format("cannot write in {}: {}", o.profile_dir,
-                                                std::strerror(errno)));
+        throw fsdp::InvalidArgument(
+            fmt::format("cannot write in {}: {}", o.profile_dir, std::strerror(errno)));
       }
       ::close(fd);
       ::unlink(probe.c_str());

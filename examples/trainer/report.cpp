@@ -57,9 +57,10 @@ void Reporter::write_metrics(const std::string& line, int step) {
   if (metrics_) return;
   // A full disk, a quota, a lost mount: the rest of the run would go unrecorded. Rank 0 alone
   // writes, so it leaves alone; the library ends the job at once (see docs/library.md).
-  throw fsdp::IoError(fmt::format("writing --metrics-out {} failed after step {}{}; stopping the "
-                                  "run, whose record would be lost",
-                                  o_.metrics_out, step, errno ? ": " + error_text() : ""));
+  throw fsdp::IoError(
+      fmt::format("writing --metrics-out {} failed after step {}{}; stopping the "
+                  "run, whose record would be lost",
+                  o_.metrics_out, step, errno ? ": " + error_text() : ""));
 }
 
 void Reporter::header(int64_t shard_bytes, int64_t trainable_shard_bytes,

@@ -228,9 +228,9 @@ void check_publishable(const std::string& final_path) {
     const char* kind = S_ISFIFO(existing.st_mode)   ? "named pipe"
                        : S_ISSOCK(existing.st_mode) ? "socket"
                                                     : "device";
-    throw IoError(fmt::format(
-        "cannot write {}: it is a {}, which would be replaced; give the path of a file", final_path,
-        kind));
+    throw IoError(
+        fmt::format("cannot write {}: it is a {}, which would be replaced; give the path of a file",
+                    final_path, kind));
   }
 }
 

@@ -1,10 +1,9 @@
 #include "fsdp/tools/profiler.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
-
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,8 +177,8 @@ ProfileSummary stop_profiling(const std::string& trace_path) {
     check_writable(trace_path);
     result->save(trace_path);
     if (!ends_as_json(trace_path)) {
-      throw IoError(fmt::format(
-          "stop_profiling: the trace {} was not written whole (a full disk?)", trace_path));
+      throw IoError(fmt::format("stop_profiling: the trace {} was not written whole (a full disk?)",
+                                trace_path));
     }
   }
   ProfileSummary out;

@@ -3,12 +3,11 @@
 // written is an IoError naming it, not a silent loss.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-
-#include <unistd.h>
 
 #include "fsdp/errors.h"
 #include "fsdp/io/files.h"
@@ -38,8 +37,8 @@ TEST(ProfilingScope, AnErrorLeavingTheScopeStopsTheProfiler) {
 TEST(ProfilingScope, StopWritesTheTraceAndSummarises) {
   // fsdp::io, not std::filesystem: libtorch.so's copy of remove_all crashes (fsdp/io/files.h).
   const char* tmp = std::getenv("TMPDIR");
-  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/fsdp_test_profiler_" +
-                          std::to_string(::getpid());
+  const std::string dir =
+      std::string(tmp ? tmp : "/tmp") + "/fsdp_test_profiler_" + std::to_string(::getpid());
   io::make_directories(dir);
   const std::string path = dir + "/trace.json";
   ProfilingScope scope(fast());

@@ -135,12 +135,7 @@ NcclComm::~NcclComm() {
     // Leaving on an error: finalising would wait for the peers to be done with the
     // communicator, and they may be waiting in a collective this rank will never issue.
     // Aborted, the process exits at once and its launcher ends the others.
-    if (!abort_within(comm_, device_, leaving_deadline())) {
-      std::fprintf(stderr,
-                   "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while "
-                   "this rank was leaving on an error; leaving without it\n",
-                   rank_, world_, static_cast<long long>(kLeavingAbortLimit.count() / 1000));
-    }
+    (void)abort_by(comm_, leaving_deadline());
     return;
   }
   // ncclCommFinalize flushes what was issued and waits (through ncclInProgress) for the other
@@ -230,12 +225,17 @@ std::string NcclComm::async_error() {
 }
 
 bool NcclComm::abort_leaving(const std::string& cause, Clock::time_point deadline) {
-  ncclComm_t doomed = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    doomed = mark_aborted_locked(cause);
-  }
-  return doomed == nullptr || abort_within(doomed, device_, deadline);
+  const ncclComm_t doomed = mark_aborted(cause);
+  return doomed == nullptr || abort_by(doomed, deadline);
+}
+
+bool NcclComm::abort_by(ncclComm_t doomed, Clock::time_point deadline) {
+  if (abort_within(doomed, device_, deadline)) return true;
+  std::fprintf(stderr,
+               "[nccl rank %d/%d] fsdp: ncclCommAbort did not return within %lld s while this "
+               "rank was leaving on an error; leaving without it\n",
+               rank_, world_, static_cast<long long>(kLeavingAbortLimit.count() / 1000));
+  return false;
 }
 
 Clock::time_point NcclComm::leaving_deadline() {
@@ -244,14 +244,15 @@ Clock::time_point NcclComm::leaving_deadline() {
 }
 
 void NcclComm::abort(const std::string& cause) {
-  ncclComm_t doomed = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    doomed = mark_aborted_locked(cause);
-  }
+  const ncclComm_t doomed = mark_aborted(cause);
   if (doomed == nullptr) return;
   CudaDeviceGuard guard(device_);
   ncclCommAbort(doomed);
+}
+
+ncclComm_t NcclComm::mark_aborted(const std::string& cause) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return mark_aborted_locked(cause);
 }
 
 ncclComm_t NcclComm::mark_aborted_locked(const std::string& cause) {

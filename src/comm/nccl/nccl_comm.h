@@ -100,6 +100,10 @@ class NcclComm {
   // Marks the communicator aborted with `cause` (under mu_) and returns the handle to abort, or
   // nullptr when it already was.
   ncclComm_t mark_aborted_locked(const std::string& cause);
+  ncclComm_t mark_aborted(const std::string& cause);  // the same, taking mu_
+  // ncclCommAbort of `doomed` (this communicator's handle), waited for until `deadline` (then
+  // left running in its thread, said on stderr); true when it returned.
+  bool abort_by(ncclComm_t doomed, std::chrono::steady_clock::time_point deadline);
   // mark_aborted_locked and ncclCommAbort, for failures met by a call already holding mu_.
   void abort_locked(const std::string& cause);
 

@@ -128,53 +128,47 @@ class NcclProcessGroup final : public ProcessGroup {
     if (watchdog_.joinable()) watchdog_.join();
     CudaDeviceGuard guard(device_);
     const auto drained = [this] { return cudaStreamQuery(stream_) != cudaErrorNotReady; };
+    bool idle = false;
     if (std::uncaught_exceptions() > 0 && !comm_->aborted()) {
       // Leaving on an error: a collective of this rank's may wait for peers that will not join
       // it (they wait in another), and waiting out the timeout below would hold the process.
       // Aborted, its kernels return and the process exits; its launcher ends the others. The
       // abort and the drain after it wait at most until the process's leaving deadline.
       const auto deadline = NcclComm::leaving_deadline();
-      const bool aborted = comm_->abort_leaving(
-          "the group was destroyed while this rank was leaving on an error", deadline);
-      const auto left = std::max(std::chrono::milliseconds(0),
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     deadline - std::chrono::steady_clock::now()));
-      if (aborted && detail::wait_until(drained, left)) {
-        inflight_.clear();
-        cudaStreamDestroy(stream_);
-        return;
+      if (comm_->abort_leaving("the group was destroyed while this rank was leaving on an error",
+                               deadline)) {
+        idle = detail::wait_until(drained,
+                                  std::max(std::chrono::milliseconds(0),
+                                           std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               deadline - std::chrono::steady_clock::now())));
+        if (!idle) {
+          std::fprintf(stderr,
+                       "[nccl rank %d/%d] fsdp: the stream did not drain after ncclCommAbort "
+                       "while this rank was leaving on an error; leaving without it\n",
+                       rank(), size());
+        }
       }
-      // Kernels may still run, so neither the stream nor the tensors they use may go. Both are
-      // left as they are (leaked): the process is leaving.
-      std::fprintf(stderr,
-                   "[nccl rank %d/%d] fsdp: %s within %lld s while this rank was leaving on an "
-                   "error; leaving without it\n",
-                   rank(), size(),
-                   aborted ? "the stream did not drain after ncclCommAbort"
-                           : "ncclCommAbort did not return",
-                   static_cast<long long>(NcclComm::kLeavingAbortLimit.count() / 1000));
-      new decltype(inflight_)(std::move(inflight_));
-      return;
-    }
-    // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
-    // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
-    // return) and wait once more; a stream that still does not drain is left alone (leaked)
-    // rather than destroyed under running work.
-    bool idle = detail::wait_until(drained, comm_->timeout());
-    if (!idle) {
-      const std::string cause = fmt::format(
-          "the group was destroyed with a collective still running after {} ms (the timeout): "
-          "a peer died or stopped; the communicator was aborted",
-          comm_->timeout().count());
-      std::fprintf(stderr, "[nccl rank %d/%d] fsdp: %s\n", rank(), size(), cause.c_str());
-      comm_->abort(cause);
+    } else {
+      // The watchdog is gone: a collective stuck on the stream (a dead peer) would hold this
+      // destructor forever. Wait at most the timeout, then abort the communicator (its kernels
+      // return) and wait once more.
       idle = detail::wait_until(drained, comm_->timeout());
+      if (!idle) {
+        const std::string cause = fmt::format(
+            "the group was destroyed with a collective still running after {} ms (the timeout): "
+            "a peer died or stopped; the communicator was aborted",
+            comm_->timeout().count());
+        std::fprintf(stderr, "[nccl rank %d/%d] fsdp: %s\n", rank(), size(), cause.c_str());
+        comm_->abort(cause);
+        idle = detail::wait_until(drained, comm_->timeout());
+      }
     }
     if (idle) {
       inflight_.clear();
       cudaStreamDestroy(stream_);
     } else {
-      // Kernels may still read and write the collectives' tensors: they stay allocated.
+      // Kernels may still read and write the collectives' tensors: the stream and the tensors
+      // are left as they are (leaked) rather than freed under running work.
       new decltype(inflight_)(std::move(inflight_));
     }
     // comm_ goes with the last Work that holds it.
