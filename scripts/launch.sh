@@ -50,6 +50,15 @@ for ((r = 0; r < nproc; r++)); do
 done
 
 status=0
+# A rank that has ended: its status is noted, and the first failure stops the others.
+ended() {
+  unset "alive[$1]"
+  if [ "$2" -ne 0 ] && [ "$status" -eq 0 ]; then
+    status=$2
+    echo "launch.sh: a rank (pid $1) exited with status $2; stopping the others" >&2
+    cleanup
+  fi
+}
 # The ranks not reaped yet: `wait -n` on a list naming one already reaped returns 127 at once
 # (a rank "exiting with 127, pid unknown" was seen), so each is dropped once it is reaped.
 declare -A alive
@@ -58,12 +67,15 @@ while [ "${#alive[@]}" -gt 0 ]; do
   done_pid=""
   wait -n -p done_pid "${!alive[@]}" 2>/dev/null
   rc=$?
-  [ -n "$done_pid" ] || break  # nothing left to wait for
-  unset "alive[$done_pid]"
-  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
-    status=$rc
-    echo "launch.sh: a rank (pid $done_pid) exited with status $rc; stopping the others" >&2
-    cleanup
-  fi
+  if [ -n "${done_pid:-}" ]; then ended "$done_pid" "$rc"; continue; fi
+  # `wait -n` named no rank (and unset done_pid): bash had already reaped and reported the
+  # ranks that ended, as it did under load for the ranks `cleanup` had just stopped (about one
+  # launch in 200 on a busy 2-core machine). `wait PID` still returns a reaped child's status;
+  # a rank still running is left for the next round.
+  found=0
+  for p in "${!alive[@]}"; do
+    if ! kill -0 "$p" 2>/dev/null; then wait "$p" 2>/dev/null; ended "$p" $?; found=1; fi
+  done
+  [ "$found" -eq 1 ] || sleep 0.1
 done
 exit "$status"
