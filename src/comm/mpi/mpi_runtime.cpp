@@ -5,6 +5,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 namespace fsdp::detail {
@@ -32,8 +33,14 @@ void abort_job_at_exit() {
 // Open MPI's mpirun (it sets OMPI_COMM_WORLD_SIZE) ends the job when a rank exits unfinalised
 // with an error, with its usual one-paragraph report; its MPI_Abort report at exit was garbled
 // once in six runs here (Open MPI 4.1: "ORTE_ERROR_LOG: Data unpack would read past end of
-// buffer"). So under mpirun the unfinalised exit alone ends the job.
-bool launcher_ends_the_job() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+// buffer"). So under mpirun the unfinalised exit alone ends the job. FSDP_MPI_ABORT_AT_EXIT=1
+// takes the other launchers' way under mpirun too: the only way to run that path in a test,
+// since Open MPI's ranks cannot start without the variable.
+bool launcher_ends_the_job() {
+  const char* force = std::getenv("FSDP_MPI_ABORT_AT_EXIT");
+  if (force != nullptr && std::string(force) == "1") return false;
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+}
 
 }  // namespace
 
@@ -122,15 +129,16 @@ MpiRuntime::~MpiRuntime() {
     // would hold this process until their timeout. Unfinalised, and aborted at exit (once the
     // program has reported its error), this process ends the job.
     left_unfinalised = true;
-    if (!launcher_ends_the_job()) std::atexit(abort_job_at_exit);
+    const bool abort_at_exit = !launcher_ends_the_job();
+    if (abort_at_exit) std::atexit(abort_job_at_exit);
     int rank = -1, size = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     std::fprintf(stderr,
                  "[mpi rank %d/%d] fsdp: leaving on an error while other ranks still run: the "
-                 "job ends when this process exits, so that they do not wait out their "
+                 "job ends when this process exits%s, so that they do not wait out their "
                  "timeout\n",
-                 rank, size);
+                 rank, size, abort_at_exit ? " (MPI_Abort at exit)" : "");
     std::fflush(stderr);
     return;
   }

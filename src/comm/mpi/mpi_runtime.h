@@ -24,9 +24,9 @@ namespace fsdp::detail {
 // thread) waits there at most kLeaveTogether: when every rank arrives (an error every rank
 // raised, such as an agree_on verdict, or the others done) MPI is finalised as usual; else
 // this process leaves MPI unfinalised, which ends the job when it exits: Open MPI's mpirun does
-// that by itself; under any other launcher an exit handler calls MPI_Abort, after the program
-// has reported its error. MPI cannot be used again in that process. A program that
-// initialised MPI itself keeps all of this to itself.
+// that by itself; under any other launcher (or with FSDP_MPI_ABORT_AT_EXIT=1) an exit handler
+// calls MPI_Abort, after the program has reported its error. MPI cannot be used again in that
+// process. A program that initialised MPI itself keeps all of this to itself.
 class MpiRuntime {
  public:
   static std::shared_ptr<MpiRuntime> acquire();
