@@ -38,8 +38,17 @@ if ! [[ "$port" =~ ^[0-9]+$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; th
 fi
 
 pids=()
+# The ranks not yet seen to end, by pid.
+declare -A alive
 # Each rank leads its own process group (setsid), so stopping a rank stops what it started too.
-cleanup() { for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done; }
+# A rank already seen to end is stopped only through its group (what it started may still run):
+# its pid may belong to another process by now, but a group's id is not reused while it has a
+# member.
+cleanup() {
+  for p in "${pids[@]}"; do
+    kill -- "-$p" 2> /dev/null || { [ -n "${alive[$p]:-}" ] && kill "$p" 2> /dev/null; }
+  done
+}
 own_group=(); command -v setsid > /dev/null && own_group=(setsid)
 trap 'cleanup; exit 130' INT TERM
 
@@ -47,6 +56,7 @@ for ((r = 0; r < nproc; r++)); do
   RANK=$r WORLD_SIZE=$nproc LOCAL_RANK=$r LOCAL_WORLD_SIZE=$nproc \
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${own_group[@]}" "$@" &
   pids+=($!)
+  alive[$!]=1
 done
 
 status=0
@@ -59,23 +69,23 @@ ended() {
     cleanup
   fi
 }
-# The ranks not reaped yet: `wait -n` on a list naming one already reaped returns 127 at once
-# (a rank "exiting with 127, pid unknown" was seen), so each is dropped once it is reaped.
-declare -A alive
-for p in "${pids[@]}"; do alive[$p]=1; done
+# Polled, not `wait -n`: bash 5.2's `wait -n PIDS` skips a rank that bash has already reaped
+# and reported. That happens to a rank killed by a signal while `wait -n` returns another:
+# the launcher then waited for the rest instead of stopping them. When none of PIDS is
+# running, `wait -n` names none and unsets -p's variable: "done_pid: unbound variable" and
+# status 1 in CI. bash reaps a rank as soon as it ends, so a rank that is no longer a process
+# has ended, and `wait PID` returns its status from the statuses bash keeps.
+# The naps grow from 10 ms to 100 ms, so that ranks which end at once are seen at once.
+naps=(0.01 0.02 0.05 0.1)
+nap=0
 while [ "${#alive[@]}" -gt 0 ]; do
-  done_pid=""
-  wait -n -p done_pid "${!alive[@]}" 2>/dev/null
-  rc=$?
-  if [ -n "${done_pid:-}" ]; then ended "$done_pid" "$rc"; continue; fi
-  # `wait -n` named no rank (and unset done_pid): bash had already reaped and reported the
-  # ranks that ended, as it did under load for the ranks `cleanup` had just stopped (about one
-  # launch in 200 on a busy 2-core machine). `wait PID` still returns a reaped child's status;
-  # a rank still running is left for the next round.
-  found=0
   for p in "${!alive[@]}"; do
-    if ! kill -0 "$p" 2>/dev/null; then wait "$p" 2>/dev/null; ended "$p" $?; found=1; fi
+    kill -0 "$p" 2> /dev/null && continue
+    wait "$p" 2> /dev/null
+    ended "$p" $?
   done
-  [ "$found" -eq 1 ] || sleep 0.1
+  [ "${#alive[@]}" -gt 0 ] || break
+  sleep "${naps[nap]}"
+  [ "$nap" -eq $((${#naps[@]} - 1)) ] || nap=$((nap + 1))
 done
 exit "$status"

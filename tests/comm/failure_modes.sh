@@ -148,7 +148,8 @@ done
 # MPI 4.1's own report of the abort comes out garbled about every other run here,
 # "ORTE_ERROR_LOG: Out of resource", so it is shown, not checked.)
 for np in 2 4; do
-  run mpirun env FSDP_MPI_ABORT_AT_EXIT=1 "${mpiexec[@]}" -n "$np" "$failing" throw "$long_timeout_s"
+  run mpirun env FSDP_MPI_ABORT_AT_EXIT=1 "${mpiexec[@]}" -n "$np" "$failing" throw \
+    "$long_timeout_s"
   if ! grep -q "rank $((np - 1)): error: failing_rank: this rank's step failed" "$log"; then
     echo "mpirun np$np abort at exit: the failing rank's error is missing"; tail -20 "$log"; fail=1
   fi
