@@ -11,7 +11,8 @@
 namespace trainer {
 namespace {
 
-std::string error_text() { return std::strerror(errno); }
+// ": " and the system's reason when errno names one, else nothing.
+std::string errno_suffix() { return errno ? std::string(": ") + std::strerror(errno) : ""; }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
@@ -44,8 +45,7 @@ Reporter::Reporter(const TrainOptions& options, const fsdp::Distributed& dist, M
     errno = 0;
     metrics_.open(o_.metrics_out);
     if (!metrics_) {
-      throw fsdp::InvalidArgument(
-          fmt::format("cannot write {}{}", o_.metrics_out, errno ? ": " + error_text() : ""));
+      throw fsdp::InvalidArgument(fmt::format("cannot write {}{}", o_.metrics_out, errno_suffix()));
     }
   });
 }
@@ -60,7 +60,7 @@ void Reporter::write_metrics(const std::string& line, int step) {
   throw fsdp::IoError(
       fmt::format("writing --metrics-out {} failed after step {}{}; stopping the "
                   "run, whose record would be lost",
-                  o_.metrics_out, step, errno ? ": " + error_text() : ""));
+                  o_.metrics_out, step, errno_suffix()));
 }
 
 void Reporter::header(int64_t shard_bytes, int64_t trainable_shard_bytes,
