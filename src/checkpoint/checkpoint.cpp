@@ -10,6 +10,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -35,8 +37,24 @@ using detail::StoredTensor;
 
 constexpr const char* kStepPrefix = "step_";
 constexpr const char* kTmpPrefix = ".tmp-";
+// A checkpoint that retention removes is first renamed to this prefix + its name: a removal cut
+// short leaves no step_ directory with part of its files.
+constexpr const char* kRemovingPrefix = ".tmp-removing-";
 
 std::string step_dir_name(int64_t step) { return fmt::format("{}{:010d}", kStepPrefix, step); }
+
+// The step of a name "step_<digits>" exactly (what step_dir_name writes), else nullopt: a
+// user's "step_2_best" beside the checkpoints is neither loaded nor removed.
+std::optional<int64_t> step_of(const std::string& name) {
+  const size_t n = std::strlen(kStepPrefix);
+  if (name.size() <= n || name.size() > n + 18 || name.compare(0, n, kStepPrefix) != 0) {
+    return std::nullopt;
+  }
+  for (size_t i = n; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+  }
+  return std::stoll(name.substr(n));
+}
 
 // Test hook for crash safety: FSDP_TEST_KILL_IN_SAVE=<step> makes rank 0 kill itself with
 // SIGKILL while saving that step, after every rank's data is on disk and before the manifest
@@ -48,22 +66,44 @@ void kill_here_if_testing(int64_t step) {
 
 std::string join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
-// Complete checkpoints of `dir` (a step_ directory with its manifest), by step.
-std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
+struct StepDirs {
+  std::vector<std::pair<int64_t, std::string>> complete;  // with their manifest, by step
+  std::vector<std::pair<int64_t, std::string>> damaged;   // without it, by step
+};
+
+// The step_<digits> directories of `dir`.
+StepDirs step_directories(const std::string& dir) {
+  StepDirs out;
   for (const auto& name : io::list_directory(dir)) {
+    const auto step = step_of(name);
     const std::string path = join(dir, name);
-    if (name.rfind(kStepPrefix, 0) != 0 || !io::path_exists(join(path, detail::kManifestName))) {
-      continue;
-    }
-    try {
-      out.emplace_back(std::stoll(name.substr(std::strlen(kStepPrefix))), path);
-    } catch (const std::exception&) {
-      // not one of ours
-    }
+    if (!step || !io::is_directory(path)) continue;
+    const bool complete = io::path_exists(join(path, detail::kManifestName));
+    (complete ? out.complete : out.damaged).emplace_back(*step, path);
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.complete.begin(), out.complete.end());
+  std::sort(out.damaged.begin(), out.damaged.end());
   return out;
+}
+
+// What a save or a removal of this library left when it was cut short: ".tmp-step_<digits>"
+// (never renamed, so never a checkpoint) and ".tmp-removing-step_<digits>". Nothing else: a
+// user's ".tmp-notes" stays.
+bool left_by_a_crash(const std::string& name) {
+  for (const std::string_view prefix : {kRemovingPrefix, kTmpPrefix}) {
+    if (name.rfind(prefix, 0) == 0 && step_of(name.substr(prefix.size()))) return true;
+  }
+  return false;
+}
+
+// Retention's removal: renamed aside first (atomic), so that a crash in the middle of the
+// removal leaves either the whole checkpoint or none of it under its name.
+void remove_checkpoint(const std::string& root, const std::string& path) {
+  const std::string aside = join(root, kRemovingPrefix + path.substr(root.size() + 1));
+  io::remove_tree(aside);
+  io::rename_path(path, aside);
+  io::sync_path(root);
+  io::remove_tree(aside);
 }
 
 // Tensor parallelism: each entry of this rank's state (in the frame of its TP slice) as rows of
@@ -210,10 +250,12 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
             "step)",
             final_dir));
       }
-      io::make_directories(root);
-      // Left by a save that crashed: never renamed, so never a checkpoint.
+      if (!io::path_exists(root)) {
+        io::make_directories(root);
+        io::sync_path(io::parent_directory(root));  // the new directory's entry, durably
+      }
       for (const auto& name : io::list_directory(root)) {
-        if (name.rfind(kTmpPrefix, 0) == 0) io::remove_tree(join(root, name));
+        if (left_by_a_crash(name)) io::remove_tree(join(root, name));
       }
       io::make_directories(tmp);
     }
@@ -225,30 +267,67 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
   for (auto& entry : state) entry.second = detail::as_rows(entry.second);
   if (options.tp.active()) state = full_frame(std::move(state), options.tp);
 
-  std::string entries;
-  agree_on<CheckpointError>(
-      g, what, [&] { entries = detail::manifest_to_json(write_rank_file(tmp, rank, state)); });
+  // A save that fails after the staging directory exists removes it (rank 0, once every rank
+  // has stopped writing: agree_on returns or throws on every rank together), so that a full
+  // disk does not stay full until the next save.
+  try {
+    std::string entries;
+    agree_on<CheckpointError>(
+        g, what, [&] { entries = detail::manifest_to_json(write_rank_file(tmp, rank, state)); });
 
-  auto per_rank = all_gather_strings(g, entries);
-  agree_on<CheckpointError>(g, what, [&] {
-    if (rank != 0) return;
-    kill_here_if_testing(step);
-    // The manifest last: a directory without it is not a checkpoint.
-    io::write_file(join(tmp, detail::kManifestName),
-                   detail::manifest_to_json(merge(per_rank, step, kind, options)));
-    io::publish(tmp, final_dir);
-    if (options.keep_last > 0) {
-      auto all = complete_checkpoints(root);
-      for (size_t i = 0; i + options.keep_last < all.size(); ++i) io::remove_tree(all[i].second);
+    auto per_rank = all_gather_strings(g, entries);
+    agree_on<CheckpointError>(g, what, [&] {
+      if (rank != 0) return;
+      kill_here_if_testing(step);
+      // The manifest last: a directory without it is not a checkpoint.
+      io::write_file(join(tmp, detail::kManifestName),
+                     detail::manifest_to_json(merge(per_rank, step, kind, options)));
+      io::publish(tmp, final_dir);
+      if (options.keep_last > 0) {
+        // Checkpoints of earlier steps only: never the one just saved, and never a later
+        // step's (another run's, or the future of a run resumed from an earlier step: not this
+        // save's to judge).
+        std::vector<std::pair<int64_t, std::string>> older;
+        for (const auto& c : step_directories(root).complete) {
+          if (c.first < step) older.push_back(c);
+        }
+        const size_t keep_older = static_cast<size_t>(options.keep_last - 1);
+        for (size_t i = 0; i + keep_older < older.size(); ++i) {
+          remove_checkpoint(root, older[i].second);
+        }
+      }
+    });
+  } catch (...) {
+    if (rank == 0 && io::path_exists(tmp)) {
+      try {
+        io::remove_tree(tmp);
+      } catch (const std::exception&) {
+        // the save's own error is the one to report
+      }
     }
-  });
+    throw;
+  }
   return final_dir;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  auto all = complete_checkpoints(dir);
-  if (all.empty()) return std::nullopt;
-  return all.back().second;
+  if (!io::path_exists(dir)) return std::nullopt;
+  const auto dirs = step_directories(dir);
+  const int64_t latest = dirs.complete.empty() ? -1 : dirs.complete.back().first;
+  if (!dirs.damaged.empty() && dirs.damaged.back().first > latest) {
+    // A save publishes its directory with the manifest inside and retention renames a
+    // checkpoint away before removing it, so a step directory without its manifest was
+    // damaged from outside. Resuming from an older one instead would silently train those
+    // steps again (and then fail to save over the damaged one).
+    throw CheckpointError(fmt::format(
+        "{} has no {}: the newest checkpoint of {} is damaged{}; move it away (or restore its "
+        "manifest) to go on",
+        dirs.damaged.back().second, detail::kManifestName, dir,
+        latest >= 0 ? fmt::format(" (the newest complete one is {})", dirs.complete.back().second)
+                    : std::string()));
+  }
+  if (dirs.complete.empty()) return std::nullopt;
+  return dirs.complete.back().second;
 }
 
 namespace {
@@ -423,6 +502,14 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
   agree_on<CheckpointError>(*pg, fmt::format("load_checkpoint {}", path), [&] {
     const auto manifest_path = join(dir, detail::kManifestName);
     m = detail::manifest_from_json(io::read_file(manifest_path), manifest_path);
+    // The directory's name and the manifest's step must agree: a resume takes its step (the
+    // learning-rate schedule, the data position) from the manifest.
+    const auto named = step_of(io::without_trailing_slash(dir).substr(
+        io::without_trailing_slash(dir).find_last_of('/') + 1));
+    if (named && *named != m.step) {
+      throw CheckpointError(fmt::format("{} says step {}, its directory's name step {}",
+                                        manifest_path, m.step, *named));
+    }
     staged = stage(dir, m, model, optimizer, options.tp, options.filter);
   });
   // Every rank has everything: apply.

@@ -13,6 +13,10 @@ namespace {
 
 constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
 constexpr int kFormatVersion = 1;
+// The CRC-32 of the manifest as written without this field (json.dump(1), keys sorted): a
+// flipped bit in a step or an offset is an error, not a silently different checkpoint. Absent
+// from the manifests written before it existed, which load as before.
+constexpr const char* kCrcField = "manifest_crc32";
 
 // An integer field, strictly: nlohmann's get<T> would convert a JSON float (undefined
 // behaviour when it does not fit; found by fuzz/fuzz_manifest.cpp) or wrap an integer outside
@@ -95,6 +99,7 @@ std::string manifest_to_json(const Manifest& m) {
                       {"optimizer_steps", m.optimizer_steps},
                       {"partial", m.partial},
                       {"tensors", tensors}};
+  j[kCrcField] = checksum(j.dump(1));
   return j.dump(1);
 }
 
@@ -111,6 +116,13 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   Manifest m;
   std::string where = "the header";
   try {
+    if (j.is_object() && j.contains(kCrcField)) {
+      const auto stored = integer<uint32_t>(j.at(kCrcField));
+      j.erase(kCrcField);
+      if (checksum(j.dump(1)) != stored) {
+        throw fail("checksum mismatch: the manifest was changed or damaged after it was written");
+      }
+    }
     if (j.at("format").get<std::string>() != kFormat) throw fail("not an fsdp-cpp checkpoint");
     const int version = integer<int>(j.at("version"));
     if (version != kFormatVersion) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp::detail {
@@ -46,6 +47,9 @@ std::string manifest_to_json(const Manifest& m);
 // Parses and checks the structure (every field present with its type, known dtypes, rows
 // inside the shape, offsets non-negative); CheckpointError naming `path` and the entry.
 Manifest manifest_from_json(const std::string& text, const std::string& path);
+
+// The CRC-32 of `bytes` (libtorch's crc32_fast, which the rank files' chunks carry too).
+uint32_t checksum(std::string_view bytes);
 
 // "F32", "BF16", ... (safetensors' names); CheckpointError for dtypes a checkpoint cannot hold.
 std::string dtype_name(at::ScalarType t);

@@ -11,6 +11,8 @@
 
 namespace fsdp::detail {
 
+uint32_t checksum(std::string_view bytes) { return crc32_fast(bytes.data(), bytes.size()); }
+
 RankFileWriter::RankFileWriter(const std::string& dir, const std::string& file)
     : out_(dir + "/" + file), file_(file) {}
 

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <iterator>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/export.h"
@@ -211,10 +213,18 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
         for (int step = 1; step <= 4; ++step) {
           save_checkpoint(dir, step, *t.model, t.opt.get(), pg, keep2);
         }
-        // What a crash leaves: a temporary directory, and a step directory without manifest.
         if (pg->rank() == 0) {
+          // What a crash leaves: a save's staging directory, a removal's renamed checkpoint.
           ::mkdir((dir + "/.tmp-step_0000000009").c_str(), 0755);
-          ::mkdir((dir + "/step_0000000007").c_str(), 0755);
+          ::mkdir((dir + "/.tmp-removing-step_0000000002").c_str(), 0755);
+          // A user's: a copy named like a checkpoint but not one of ours, a note, a directory
+          // without manifest below the newest checkpoint.
+          ASSERT_EQ(
+              std::system(("cp -a '" + dir + "/step_0000000003' '" + dir + "/step_0000000099_best'")
+                              .c_str()),
+              0);
+          std::ofstream(dir + "/.tmp-notes") << "mine";
+          ::mkdir((dir + "/step_0000000000").c_str(), 0755);
         }
         pg->barrier()->wait();
         EXPECT_EQ(latest_checkpoint(dir), dir + "/step_0000000004");
@@ -223,13 +233,36 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
         expect_error_containing<CheckpointError>(
             [&] { save_checkpoint(dir, 4, *t.model, t.opt.get(), pg); }, "already exists");
         save_checkpoint(dir, 5, *t.model, t.opt.get(), pg, keep2);
+        pg->barrier()->wait();
+        if (pg->rank() == 0) {
+          EXPECT_EQ(list_names(dir),
+                    (std::vector<std::string>{".tmp-notes", "step_0000000000", "step_0000000004",
+                                              "step_0000000005", "step_0000000099_best"}));
+        }
+        pg->barrier()->wait();
+        // A later step's checkpoint (another run's) stays, and the one just saved is kept:
+        // retention counts the earlier steps only.
+        save_checkpoint(dir, 10, *t.model, t.opt.get(), pg);
+        save_checkpoint(dir, 6, *t.model, t.opt.get(), pg, keep2);
+        pg->barrier()->wait();
+        if (pg->rank() == 0) {
+          EXPECT_EQ(list_names(dir),
+                    (std::vector<std::string>{".tmp-notes", "step_0000000000", "step_0000000005",
+                                              "step_0000000006", "step_0000000010",
+                                              "step_0000000099_best"}));
+        }
+        EXPECT_EQ(latest_checkpoint(dir), dir + "/step_0000000010");
+        pg->barrier()->wait();
+        // A newer step directory without its manifest was damaged: an error, not a silent
+        // resume from step 10.
+        if (pg->rank() == 0) ::mkdir((dir + "/step_0000000011").c_str(), 0755);
+        pg->barrier()->wait();
+        expect_error_containing<CheckpointError>(
+            [&] { latest_checkpoint(dir); },
+            "step_0000000011 has no manifest.json: the newest checkpoint of");
       },
       test_options());
-  auto names = list_names(dir);
-  // Steps 4 and 5 kept, the crash's temporary directory removed; the manifest-less directory
-  // is not a checkpoint and is left alone (it may be a user's).
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"step_0000000004", "step_0000000005", "step_0000000007"}));
+  EXPECT_EQ(latest_checkpoint(dir + "/absent"), std::nullopt);
   remove_tree(dir);
 }
 
@@ -493,6 +526,74 @@ TEST(CheckpointErrors, MalformedManifest) {
       "manifest",
       [](const std::string& p) { std::ofstream(p + "/manifest.json") << "{\"format\": 3"; },
       "not valid JSON");
+}
+
+// Rewrites `p`'s manifest with `edit` applied to its text.
+void edit_manifest(const std::string& p, const std::function<std::string(std::string)>& edit) {
+  std::ifstream in(p + "/manifest.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  std::ofstream(p + "/manifest.json", std::ios::trunc) << edit(text);
+}
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+// The manifest's own line "manifest_crc32": N, gone: a manifest written before it existed.
+std::string without_crc(std::string text) {
+  const auto at = text.find("\"manifest_crc32\"");
+  EXPECT_NE(at, std::string::npos);
+  if (at == std::string::npos) return text;
+  const auto begin = text.rfind('\n', at);
+  return text.erase(begin, text.find('\n', at) - begin);
+}
+
+// One digit of the step changed: a silently different resume without the manifest's CRC.
+TEST(CheckpointErrors, EditedManifest) {
+  expect_load_fails(
+      "edited",
+      [](const std::string& p) {
+        edit_manifest(p, [](std::string t) { return replaced(t, "\"step\": 2,", "\"step\": 1,"); });
+      },
+      "checksum mismatch: the manifest was changed or damaged");
+}
+
+// Without the CRC (an older manifest), the directory's name still catches a wrong step.
+TEST(CheckpointErrors, StepUnlikeItsDirectory) {
+  expect_load_fails(
+      "stepname",
+      [](const std::string& p) {
+        edit_manifest(p, [](std::string t) {
+          return replaced(without_crc(t), "\"step\": 2,", "\"step\": 1,");
+        });
+      },
+      "says step 1, its directory's name step 2");
+}
+
+// A manifest written before the CRC existed loads as before.
+TEST(Checkpoint, ManifestWithoutItsChecksumLoads) {
+  const auto dir = fresh_dir("nocrc");
+  TrainSpec spec = checkpoint_spec();
+  run_local_ranks(
+      2,
+      [&](const ProcessGroupPtr& pg) {
+        auto t = train(spec, pg, 2);
+        auto want = full_state(t, pg);
+        auto path = save_checkpoint(dir, 2, *t.model, t.opt.get(), pg);
+        pg->barrier()->wait();
+        if (pg->rank() == 0) edit_manifest(path, without_crc);
+        pg->barrier()->wait();
+        auto fresh = train(spec, pg, 0);
+        EXPECT_EQ(load_checkpoint(path, *fresh.model, fresh.opt.get(), pg).step, 2);
+        auto got = full_state(fresh, pg);
+        if (pg->rank() == 0) expect_same(got, want, "loaded without the manifest's CRC");
+      },
+      test_options());
+  remove_tree(dir);
 }
 
 TEST(CheckpointErrors, ShapeMismatch) {

@@ -6,7 +6,7 @@
 //   manifest.json     format and library version, world size, step, user metadata, the
 //                     optimizer kind, and for every tensor its global shape, dtype and each
 //                     rank's rows: file, byte offset, size and CRC-32s of chunks of rows
-//                     (about 4 MiB each)
+//                     (about 4 MiB each); and a CRC-32 of the manifest itself
 //   rank_00000.bin    rank 0's rows of every tensor (rank r: rank_<r as five digits>.bin), raw
 //                     little-endian, one after another
 // Tensors: the model's state dict and the optimizer's (state_dict.h): each parameter under its
@@ -18,8 +18,10 @@
 //
 // Atomic: the ranks write into `dir/.tmp-step_<step>/`, fsync every file, rank 0 writes the
 // manifest last, fsyncs, and renames the directory into place (then fsyncs `dir`). A crash at
-// any point leaves earlier checkpoints as they were and at most a .tmp- directory, which
-// latest_checkpoint ignores and the next save removes.
+// any point leaves earlier checkpoints as they were and at most a .tmp-step_<step> directory,
+// which latest_checkpoint ignores and the next save removes. Only the names this library writes
+// count: `step_` and ten or more digits; anything else in `dir` (a user's "step_2_best", a
+// ".tmp-notes") is neither read nor removed.
 //
 // Collective: every rank of `pg` calls these with the same arguments. A failure on any rank
 // (a file that cannot be written or read, a checksum or shape that does not match) is reported
@@ -46,7 +48,10 @@ namespace fsdp {
 // and tensor) is declared in fsdp/errors.h.
 
 struct SaveOptions {
-  // Keep this many complete checkpoints in the directory, the newest (0: keep all).
+  // Keep this many complete checkpoints in the directory (0: keep all): the one saved and the
+  // newest of the earlier steps. A checkpoint of a later step than the one saved (another
+  // run's, or the rest of a run resumed from an earlier step) is never removed. A removed
+  // checkpoint is renamed aside first, so a crash while removing leaves it whole or gone.
   int keep_last = 0;
   // Stored in the manifest and returned by load_checkpoint (data position, run name, ...).
   std::map<std::string, std::string> metadata;
@@ -70,9 +75,9 @@ struct LoadOptions {
   // of the same model loads, whatever the layout that saved it.
   tp::Layout tp;
   // Which of the model's tensors to load, by state-dict name; empty: all. The others keep their
-  // values and their optimizer state, and stored tensors it excludes (with their optimizer state) are skipped, so that
-  // the adapters of a full checkpoint load alone too. A partial checkpoint (SaveOptions::filter)
-  // needs a filter that excludes what it does not hold.
+  // values and their optimizer state, and stored tensors it excludes (with their optimizer state)
+  // are skipped, so that the adapters of a full checkpoint load alone too. A partial checkpoint
+  // (SaveOptions::filter) needs a filter that excludes what it does not hold.
   std::function<bool(const std::string& name)> filter;
 };
 
@@ -95,13 +100,16 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
                             const SaveOptions& options = {});
 
 // The complete checkpoint of `dir` with the highest step (one with its manifest in place), or
-// nullopt when there is none. Local: no communication.
+// nullopt when there is none (or no `dir`). CheckpointError when a step directory of a higher
+// step has no manifest: no save leaves one, so it was damaged, and resuming from an older
+// checkpoint instead would silently train those steps again. Local: no communication.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Loads a checkpoint saved at any world size into `model`, sharded the way it is now (each rank
 // reads only the chunks of rows it needs), and `optimizer`'s state (with its param groups'
 // options) when given: the same kind of optimizer, with as many param groups. Names, shapes and
-// dtypes must match both ways.
+// dtypes must match both ways; the manifest's checksum and, for a directory named
+// step_<digits>, its step must match too.
 CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
                                torch::optim::Optimizer* optimizer, const ProcessGroupPtr& pg);
 CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model,
