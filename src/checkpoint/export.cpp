@@ -3,6 +3,9 @@
 #include "fsdp/checkpoint/export.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/comm/agree.h"
@@ -16,7 +19,9 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   FSDP_CHECK_ARG(pg != nullptr, "export_safetensors: the process group is null");
   auto& g = *pg;
   const bool writer_rank = g.rank() == 0;
-  const std::string tmp = path + ".tmp";
+  // A name of this process's own beside `path`: a user's "<path>.tmp" is not this save's.
+  static std::atomic<int> counter{0};
+  const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
   const std::string what = fmt::format("export_safetensors {}", path);
   std::unique_ptr<SafetensorsWriter> writer;
   agree_on<CheckpointError>(g, what, [&] {
@@ -25,6 +30,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
     const auto state = get_model_state_dict(model);
     if (!writer_rank) return;
     io::check_publishable(path);  // before the staged copy fills a disk (/dev/full.tmp: /dev)
+    io::make_directories(io::parent_directory(path));  // as the directory exports do
     std::vector<SafetensorsWriter::Spec> specs;
     for (const auto& [name, t] : state) {
       const auto dtype =

@@ -27,9 +27,11 @@ struct ExportOptions {
 // Collective. Rank 0 writes `path`: every parameter of `model` (sharded by fully_shard or not,
 // nested units included) under its name in named_parameters() (a tied tensor once, under its
 // first name), then its buffers. Parameters are gathered one at a time, so every rank's extra
-// memory is about one parameter. Written to path + ".tmp", flushed to the disk and renamed into
-// place (io::publish), so `path` is never a partial file. A failure on any rank is
-// CheckpointError on every rank.
+// memory is about one parameter. The directory of `path` is made if missing. Written to
+// "<path>.tmp-<pid>-<n>", flushed to the disk and
+// renamed into place (io::publish), so `path` is never a partial file; an existing file at
+// `path` is replaced (the trainers refuse one before training). A failure on any rank is
+// CheckpointError on every rank, and removes the staged file.
 void export_safetensors(const std::string& path, const torch::nn::Module& model,
                         const ProcessGroupPtr& pg, const ExportOptions& options = {});
 
