@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <set>
+#include <string_view>
 
 #include "choice_flag.h"
 #include "flag_checks.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/io/files.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
+#include "output_paths.h"
 #include "text_prompt.h"
 
 namespace llama {
@@ -56,6 +60,24 @@ void add_model_flags(CLI::App& app, Options& o) {
                                "weights): random weights, or what a plan needs",
                                fmt::join(ll::preset_names(), ", ")));
   });
+}
+
+void prefer_command_line_model(Options& o, int argc, char** argv) {
+  auto given = [&](std::string_view flag) {
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == flag || (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag &&
+                          arg[flag.size()] == '=')) {
+        return true;
+      }
+    }
+    return false;
+  };
+  const bool hf_dir = given("--hf-dir"), config = given("--config"), preset = given("--preset");
+  if (!hf_dir && !config && !preset) return;
+  if (!hf_dir) o.hf_dir.clear();
+  if (!config) o.config.clear();
+  if (!preset) o.preset.clear();
 }
 
 std::string check_model(const Options& o) {
@@ -130,6 +152,25 @@ std::string check_data(const Options& o, bool read_files) {
                    "one byte per token of --data-tokens, from scripts/tokenize_chat.py")}) {
     if (!err.empty()) return err;
   }
+  // The checks a token file's size allows (whole tokens, not empty, one sequence at least, a
+  // mask of one byte per token), before the model is built: minutes for a large one. The ids
+  // against the vocabulary are scanned when the data is read.
+  const auto dtype = fsdp::data::parse_token_dtype(o.tokens_dtype);
+  for (const auto& [path, mask] :
+       {std::pair{o.data_tokens, o.loss_mask}, std::pair{o.val_tokens, o.val_loss_mask}}) {
+    if (!read_files || path.empty()) continue;
+    try {
+      fsdp::data::TokenFileOptions options;
+      options.dtype = dtype;
+      options.vocab = dtype == fsdp::data::TokenDtype::kUInt16 ? 65536 : int64_t{1} << 32;
+      options.seq = o.train.seq;
+      options.scan_at_open = false;
+      options.loss_mask = mask;
+      fsdp::data::TokenFile probe(path, options);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
   if (o.document_start) {
     const int64_t vocab = model_config(o).vocab_size;
     if (*o.document_start < 0 || *o.document_start >= vocab) {
@@ -164,6 +205,11 @@ std::string check_export(const Options& o, bool read_files) {
   if (!o.export_hf.empty() && exists(o.export_hf)) {
     return fmt::format("--export-hf {}: exists already; give a new directory", o.export_hf);
   }
+  if (read_files && !o.export_hf.empty()) {
+    if (auto err = trainer::check_new_directory("--export-hf", o.export_hf); !err.empty()) {
+      return err;
+    }
+  }
   for (const auto& t : o.tokenizer) {
     if (read_files && !exists(t))
       return fmt::format("--tokenizer {}: no such file or directory", t);
@@ -173,6 +219,17 @@ std::string check_export(const Options& o, bool read_files) {
     if (exists(o.export_adapter)) {
       return fmt::format("--export-adapter {}: exists already; give a new directory",
                          o.export_adapter);
+    }
+    if (fsdp::io::without_trailing_slash(o.export_adapter) ==
+        fsdp::io::without_trailing_slash(o.export_hf)) {
+      return fmt::format("--export-adapter and --export-hf are both {}: give two directories",
+                         o.export_adapter);
+    }
+    if (read_files) {
+      if (auto err = trainer::check_new_directory("--export-adapter", o.export_adapter);
+          !err.empty()) {
+        return err;
+      }
     }
   }
   return "";

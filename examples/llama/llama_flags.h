@@ -26,6 +26,9 @@ struct GivenFlags {
 // [model]: --hf-dir, --config, --preset.
 void add_model_flags(CLI::App& app, Options& o);
 std::string check_model(const Options& o);
+// After parsing: a model given on the command line (--hf-dir, --config or --preset) replaces a
+// recipe's (a recipe naming --preset "llama3-70b" run with --hf-dir DIR: the weights of DIR).
+void prefer_command_line_model(Options& o, int argc, char** argv);
 
 // [data]: the token files and masks, --seq, --batch (`batch`: unset means 8 per data-parallel
 // rank), --document-start-id; and [optimizer]'s --steps, [validation]'s --val-loss-mask.

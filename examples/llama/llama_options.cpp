@@ -120,6 +120,7 @@ ParseResult parse_options(int argc, char** argv, int world) {
   if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
+  prefer_command_line_model(o, argc, argv);
   const bool read_files = !o.train.plan;  // a plan reads no file of the run it plans
   const auto error = first_error({
       [&] { return flags.finish(world); },
@@ -148,6 +149,7 @@ ParseResult parse_plan_options(int argc, char** argv, int world) {
   if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
+  prefer_command_line_model(o, argc, argv);
   o.train.plan = true;
   const auto error = first_error({
       [&] { return flags.finish(world); },
@@ -176,6 +178,7 @@ ParseResult parse_generate_options(int argc, char** argv, int world) {
   if (auto stop = trainer::parse_flags(app, argc, argv)) {
     return {std::nullopt, stop->exit_code, stop->message, ""};
   }
+  prefer_command_line_model(o, argc, argv);
   const auto error = first_error({
       [&] { return read_lora_adapter(o, given); },
       [&] { return trainer::check_job(o.train, world); },

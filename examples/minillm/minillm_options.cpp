@@ -8,6 +8,7 @@
 
 #include "choice_flag.h"
 #include "flag_checks.h"
+#include "output_paths.h"
 
 namespace minillm {
 namespace {
@@ -43,8 +44,9 @@ std::string check(const Options& o) {
   if (read_files && o.data != "auto" && o.data != "synthetic") {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(o.data, ec)) {
-      return fmt::format("--data {}: no such file (expected a text file, 'synthetic' or 'auto')",
-                         o.data);
+      return fmt::format(
+          "--data {}: {} (expected a text file, 'synthetic' or 'auto')", o.data,
+          std::filesystem::exists(o.data, ec) ? "not a regular file" : "no such file");
     }
     if (std::filesystem::file_size(o.data, ec) < static_cast<uintmax_t>(o.train.seq + 2)) {
       return fmt::format("--data {}: the file is shorter than one sequence of {} bytes + 1", o.data,
@@ -56,6 +58,13 @@ std::string check(const Options& o) {
     if (!std::filesystem::is_regular_file(o.init_from, ec)) {
       return fmt::format("--init-from {}: no such file (expected a safetensors file)", o.init_from);
     }
+  }
+  if (read_files && !o.export_path.empty()) {
+    if (auto err = trainer::check_new_file("--export", o.export_path); !err.empty()) return err;
+  }
+  if (o.train.eval_only || o.train.eval_every > 0) {
+    return "train_minillm has no validation data: --eval-only and --eval-every are train_llama's "
+           "(with --val-tokens)";
   }
   if (o.data != "synthetic" && o.model.vocab < 256) {
     return fmt::format("--vocab must be at least 256 to read text as bytes, got {}", o.model.vocab);

@@ -60,4 +60,11 @@ inline CLI::Validator in_open_closed(double min, double max) {
                                     [min, max](double v) { return v > min && v <= max; });
 }
 
+// min <= v <= max: [min, max].
+inline CLI::Validator in_closed(double min, double max) {
+  const auto range = fmt::format("in [{}, {}]", min, max);
+  return flag_checks_detail::number(range, range, "",
+                                    [min, max](double v) { return v >= min && v <= max; });
+}
+
 }  // namespace trainer

@@ -2,16 +2,20 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <unordered_set>
 
@@ -28,6 +32,32 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The flags set AdamW's betas, eps and weight decay on a resumed run too, as they set its
+// learning rate (a run may change them where it resumes; a checkpoint's would otherwise win
+// silently). Restores `flagged` (each group's options before the load) and returns what
+// differed from the checkpoint's ("weight decay 0.5 (saved: 0.01), ..."), or "".
+std::string keep_flagged_settings(torch::optim::Optimizer& opt,
+                                  const std::vector<torch::optim::AdamWOptions>& flagged) {
+  std::vector<std::string> changes;
+  auto note = [&](const char* what, double now, double saved) {
+    const auto line = fmt::format("{} {} (saved: {})", what, now, saved);
+    if (now != saved && std::find(changes.begin(), changes.end(), line) == changes.end()) {
+      changes.push_back(line);
+    }
+  };
+  auto& groups = opt.param_groups();
+  for (size_t i = 0; i < groups.size() && i < flagged.size(); ++i) {
+    auto& loaded = static_cast<torch::optim::AdamWOptions&>(groups[i].options());
+    const auto& want = flagged[i];
+    note("beta1", std::get<0>(want.betas()), std::get<0>(loaded.betas()));
+    note("beta2", std::get<1>(want.betas()), std::get<1>(loaded.betas()));
+    note("eps", want.eps(), loaded.eps());
+    note("weight decay", want.weight_decay(), loaded.weight_decay());
+    loaded.betas(want.betas()).eps(want.eps()).weight_decay(want.weight_decay());
+  }
+  return fmt::format("{}", fmt::join(changes, ", "));
+}
+
 // --resume: the step to start from (0 without a checkpoint), with model and optimizer loaded.
 int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
            const fsdp::Distributed& dist) {
@@ -42,7 +72,13 @@ int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
   fsdp::LoadOptions options;
   options.tp = task.tp;
   options.filter = task.checkpoint_filter;
+  // AdamW's settings as this run's flags made them: the load sets the checkpoint's.
+  std::vector<torch::optim::AdamWOptions> flagged;
+  for (auto& group : opt.param_groups()) {
+    flagged.push_back(static_cast<torch::optim::AdamWOptions&>(group.options()));
+  }
   auto info = fsdp::load_checkpoint(*latest, *task.module, &opt, dist.group, options);
+  const std::string changed = keep_flagged_settings(opt, flagged);
   // After the load (collective; the same verdict on every rank): nothing is written, and the
   // run stops before its first step.
   const auto& id = task.checkpoint_identity;
@@ -61,6 +97,10 @@ int resume(const TrainOptions& o, Task& task, torch::optim::Optimizer& opt,
     fmt::print("resume: {} (step {}, saved by {} ranks{}) loaded in {:.2f} s\n", info.path,
                info.step, info.world_size, info.partial ? ", trainable parameters only" : "",
                seconds_since(t0));
+    if (!changed.empty()) {
+      fmt::print("resume: AdamW's {} as the flags say, not as the checkpoint saved them\n",
+                 changed);
+    }
   }
   return static_cast<int>(info.step);
 }
@@ -336,6 +376,7 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
   };
 
   const int start = resume(o, task, *opt, dist);
+  report.open_metrics(start);
   if (o.eval_only) {
     validate(start);
     return 0;
@@ -363,13 +404,34 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
     }
     if ((o.eval_every > 0 && done % o.eval_every == 0 && !last) || last) validate(done);
   }
+  if (start >= o.steps && dist.group->rank() == 0) {
+    // A checkpoint at or past the last step: the weights are final (the exports still come).
+    fmt::print("resume: the checkpoint is at step {}, --steps {}: nothing left to train\n", start,
+               o.steps);
+  }
   if (task.finish) task.finish();
-  report.summary();
+  if (start < o.steps) report.summary();
   if (skipped > 0 && dist.group->rank() == 0) {
     fmt::print("skipped {} of {} optimizer steps: the loss or the gradients were not finite\n",
                skipped, o.steps - start);
   }
   return 0;
+}
+
+std::string without_backtrace(const std::string& message) {
+  const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+  if (show != nullptr && std::string(show) == "1") return message;
+  // libtorch's c10::Error text, also inside the messages that quote it: a line "frame #N: ..."
+  // per frame, after "Exception raised from F at FILE:LINE (most recent call first):" or not.
+  std::istringstream in(message);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.rfind("frame #", 0) == 0 || line.rfind("Exception raised from ", 0) == 0) continue;
+    if (!out.empty()) out += '\n';
+    out += line;
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
 }
 
 int trainer_main(int argc, char** argv,
@@ -385,8 +447,15 @@ int trainer_main(int argc, char** argv,
     return 2;
   }
   // Every rank parses the same arguments and reaches the same verdict, so all exit before any
-  // communication starts; only rank 0 prints it.
-  const Parsed parsed = parse(argc, argv, launch.world_size);
+  // communication starts; only rank 0 prints it. A check that reads a file the flags name (a
+  // config.json) may throw: bad input too.
+  Parsed parsed;
+  try {
+    parsed = parse(argc, argv, launch.world_size);
+  } catch (const std::exception& e) {
+    if (launch.rank == 0) fmt::print(stderr, "error: {}\n", without_backtrace(e.what()));
+    return 2;
+  }
   if (!parsed.run) {
     if (launch.rank == 0) (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;
@@ -398,7 +467,8 @@ int trainer_main(int argc, char** argv,
   try {
     return run(launch);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "[rank {}/{}] error: {}\n", launch.rank, launch.world_size, e.what());
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", launch.rank, launch.world_size,
+               without_backtrace(e.what()));
     return 1;
   }
 }

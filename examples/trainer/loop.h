@@ -58,6 +58,11 @@ int run_training(const TrainOptions& o, Task& task, const fsdp::Distributed& dis
 // The main of a trainer: reads the launch, parses (every rank reaches the same verdict, rank 0
 // prints it), runs --plan without communication, else `run` (errors printed with the rank).
 // `parse` returns the exit code and message when there is nothing to run.
+// `message` without the C++ backtrace libtorch's errors carry (c10::Error's "Exception raised
+// from ..." and its "frame #N" lines, also where another message quotes one): what a user reads.
+// TORCH_SHOW_CPP_STACKTRACES=1 keeps it.
+std::string without_backtrace(const std::string& message);
+
 struct Parsed {
   bool run = false;
   int exit_code = 0;

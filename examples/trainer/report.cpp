@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fsdp/io/files.h"
 
 namespace trainer {
 namespace {
@@ -37,13 +41,46 @@ Reporter::Reporter(const TrainOptions& options, const fsdp::Distributed& dist, M
       model_(std::move(model)),
       dist_(dist),
       lead_(dist.group->rank() == 0),
-      cuda_(dist.device.is_cuda()) {
+      cuda_(dist.device.is_cuda()) {}
+
+namespace {
+
+// The lines of an earlier run's --metrics-out that a run resumed at `start` keeps: its steps
+// before `start` and its validations after at most `start` steps (the resumed run writes the
+// others again). A line that is not JSON of ours stays.
+std::string lines_before(const std::string& text, int start) {
+  std::istringstream in(text);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) {
+      const int64_t step = j["step"].get<int64_t>();
+      if (j.contains("val_loss") ? step > start : step >= start) continue;
+    }
+    kept += line + "\n";
+  }
+  return kept;
+}
+
+}  // namespace
+
+void Reporter::open_metrics(int start) {
   if (o_.metrics_out.empty()) return;
   // Agreed, so that every rank names it, instead of rank 0 leaving alone.
-  fsdp::agree_on<fsdp::InvalidArgument>(*dist.group, "--metrics-out", [&] {
+  fsdp::agree_on<fsdp::InvalidArgument>(*dist_.group, "--metrics-out", [&] {
     if (!lead_) return;
+    auto mode = std::ios::out | std::ios::trunc;
+    if (start > 0 && fsdp::io::path_exists(o_.metrics_out)) {
+      // A resumed run goes on with the record of the run it resumes, rewritten whole (then
+      // renamed into place) so that a crash leaves the old record or the new one.
+      const std::string staged = fmt::format("{}.tmp-{}", o_.metrics_out, ::getpid());
+      fsdp::io::write_file(staged, lines_before(fsdp::io::read_file(o_.metrics_out), start));
+      fsdp::io::publish(staged, o_.metrics_out);
+      mode = std::ios::out | std::ios::app;
+    }
     errno = 0;
-    metrics_.open(o_.metrics_out);
+    metrics_.open(o_.metrics_out, mode);
     if (!metrics_) {
       throw fsdp::InvalidArgument(fmt::format("cannot write {}{}", o_.metrics_out, errno_suffix()));
     }

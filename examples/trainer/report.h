@@ -25,9 +25,14 @@ struct ModelInfo {
 
 class Reporter {
  public:
-  // Rank 0 prints; it also opens --metrics-out (collective: InvalidArgument on every rank if it
-  // cannot). A later write that fails (a full disk) throws IoError on rank 0.
+  // Rank 0 prints, and writes --metrics-out once open_metrics opened it. A write that fails (a
+  // full disk) throws IoError on rank 0.
   Reporter(const TrainOptions& options, const fsdp::Distributed& dist, ModelInfo model);
+
+  // Collective, once the run knows its first step (after --resume): opens --metrics-out on rank
+  // 0, InvalidArgument on every rank if it cannot. A run from step 0 replaces the file; a run
+  // resumed at `start` keeps the earlier run's lines before `start` and appends.
+  void open_metrics(int start);
 
   // startup_peak_bytes: this rank's peak RSS once the model is built and sharded (collective:
   // every rank calls header).

@@ -7,10 +7,16 @@
 
 #include "choice_flag.h"
 #include "flag_checks.h"
+#include "output_paths.h"
 
 namespace trainer {
 
 namespace {
+
+// --threads: more than this is a typo (a process of 100,000 threads did not start in minutes).
+constexpr double kMaxThreads = 1024;
+// --comm-timeout: a week; seconds beyond it overflow the milliseconds the engines take.
+constexpr double kMaxCommTimeoutS = 7 * 24 * 3600;
 
 void add_memory_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
@@ -136,15 +142,15 @@ void add_profiling_flags(CLI::App& app, TrainOptions& o, std::string& profile_st
 
 void add_job_flags(CLI::App& app, TrainOptions& o) {
   add_section(app, "job", [&] {
-    app.add_option("--seed", o.seed, "Seed of parameters and data");
+    app.add_option("--seed", o.seed, "Seed of parameters and data")->check(non_negative());
     app.add_option("--threads", o.threads,
                    "Intra-op threads per rank (0: OMP_NUM_THREADS if set, else cores / local "
                    "ranks)")
-        ->check(non_negative());
+        ->check(in_closed(0, kMaxThreads));
     app.add_option("--comm-timeout", o.comm_timeout_s,
                    "Seconds a collective or the rendezvous may wait for the other ranks before "
                    "the run fails with an error naming the operation (a dead or stuck rank)")
-        ->check(CLI::PositiveNumber);
+        ->check(in_open_closed(0, kMaxCommTimeoutS));
   });
   add_section(app, "model", [&] {
     add_choice(app, "--dtype", o.dtype, "fp32, or bf16 (bf16 compute, fp32 reduce and master)");
@@ -266,6 +272,10 @@ std::string check_outputs(const TrainOptions& o, int world) {
     return fmt::format("--plan-ranks-per-host {} must divide the world of {} ranks",
                        o.plan_ranks_per_host, world);
   }
+  // A plan writes none of the run's files: the run may be for another machine.
+  if (o.plan) return "";
+  if (auto err = check_save_dir(o); !err.empty()) return err;
+  if (!o.metrics_out.empty()) return check_writable_file("--metrics-out", o.metrics_out);
   return "";
 }
 
@@ -303,6 +313,18 @@ std::optional<ParseStop> parse_flags(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return ParseStop{
         2, fmt::format("error: {}\nRun with --help for the flags and their defaults.", e.what())};
+  }
+  // CLI11 takes an empty value ("--steps ''", what an unset "$VAR" gives) as the flag's
+  // default, or an empty path as no path: the run would silently do something else than asked.
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->get_expected_min() == 0) continue;  // a flag without a value
+    for (const auto& value : option->results()) {
+      if (value.empty()) {
+        return ParseStop{2, fmt::format("error: {}: an empty value; give one, or leave the flag "
+                                        "out for its default",
+                                        option->get_name())};
+      }
+    }
   }
   return std::nullopt;
 }

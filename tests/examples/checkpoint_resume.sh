@@ -3,7 +3,9 @@
 # gives the uninterrupted run's losses (bit for bit at the same world size, within 1e-5 at
 # worlds 4 and 1, and saved at 4 resumed at 2 and 1); a rank killed (SIGKILL) in the middle of a save leaves the previous
 # checkpoint intact and loadable, and the resumed run still matches; the exported safetensors
-# file gives PyTorch's MiniLLM the trainer's loss (within 1e-5). Bad flags exit non-zero.
+# file gives PyTorch's MiniLLM the trainer's loss (within 1e-5); --metrics-out goes on across a
+# resume and the flags set AdamW's settings there. Bad flags and outputs that cannot be
+# written exit non-zero before training.
 #   checkpoint_resume.sh TRAIN_MINILLM PYTHON MPIEXEC [MPIEXEC_FLAGS...]
 set -uo pipefail
 bin="$1"; py="$2"; shift 2
@@ -82,6 +84,41 @@ cpp=$(losses "$tmp/c.jsonl"); pyl=$(sed -nE 's/^step 0 loss ([-0-9.eE+]+).*/\1/p
 echo "exported weights, step-0 loss: C++ $cpp, PyTorch $pyl"
 awk -v a="$cpp" -v b="$pyl" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-5 * a) }' \
   || { echo "PyTorch's loss from the export differs"; cat "$tmp/py.log"; fail=1; }
+
+# --metrics-out on --resume: the first run's lines before the step it resumes at, then the
+# resumed run's (the file's steps 0-5 give the uninterrupted run's losses).
+"$bin" "${args[@]}" --steps 4 --save-dir "$tmp/m" --save-every 3 --metrics-out "$tmp/m.jsonl" \
+  > "$tmp/m1.log" 2>&1 || { cat "$tmp/m1.log"; exit 1; }
+rm -r "$tmp/m/step_0000000004"  # as if the run had died after step 3's line
+"$bin" "${args[@]}" --steps 6 --save-dir "$tmp/m" --resume --metrics-out "$tmp/m.jsonl" \
+  > "$tmp/m2.log" 2>&1 || { cat "$tmp/m2.log"; exit 1; }
+steps=$(sed -E 's/.*"step":([0-9]+).*/\1/' "$tmp/m.jsonl" | tr '\n' ' ')
+[ "$steps" = "0 1 2 3 4 5 " ] || { echo "--metrics-out after --resume holds steps $steps"; fail=1; }
+compare "$tmp/full.jsonl" "$tmp/m.jsonl" 1e-5 "--metrics-out across a resume"
+# The flags set AdamW's settings on a resumed run, and say what differs from the checkpoint's.
+rm -r "$tmp/m/step_0000000006"
+"$bin" "${args[@]}" --steps 6 --save-dir "$tmp/m" --resume --weight-decay 0.5 > "$tmp/m3.log" 2>&1 \
+  || { cat "$tmp/m3.log"; exit 1; }
+grep -q "^resume: AdamW's weight decay 0.5 (saved: 0.01) as the flags say" "$tmp/m3.log" \
+  || { echo "no line for the changed weight decay:"; cat "$tmp/m3.log"; fail=1; }
+"$bin" "${args[@]}" --steps 5 --save-dir "$tmp/m" --resume > "$tmp/m4.log" 2>&1 \
+  || { cat "$tmp/m4.log"; exit 1; }
+grep -q "is at step 6, --steps 5: nothing left to train" "$tmp/m4.log" \
+  || { echo "a checkpoint past --steps:"; cat "$tmp/m4.log"; fail=1; }
+
+# What a run writes is checked before it trains: exit 2, nothing written.
+expect_error "holds checkpoints already (the newest: $tmp/m/step_0000000006): add --resume" \
+  "$bin" "${args[@]}" --steps 2 --save-dir "$tmp/m"
+expect_error "--export $tmp/model.safetensors: exists already" \
+  "$bin" "${args[@]}" --steps 1 --export "$tmp/model.safetensors"
+expect_error "--save-dir $tmp/model.safetensors: is not a directory" \
+  "$bin" "${args[@]}" --steps 1 --save-dir "$tmp/model.safetensors"
+expect_error "--metrics-out $tmp/m: is a directory" "$bin" "${args[@]}" --metrics-out "$tmp/m"
+expect_error "--export: an empty value" "$bin" "${args[@]}" --steps 1 --export ""
+# The newest checkpoint without its manifest: damaged, refused (not a silent resume at step 3).
+mv "$tmp/m/step_0000000006/manifest.json" "$tmp/m/manifest.json.aside"
+expect_error "step_0000000006 has no manifest.json: the newest checkpoint of $tmp/m is damaged" \
+  "$bin" "${args[@]}" --steps 6 --save-dir "$tmp/m" --resume
 
 # Bad flags: clear messages, exit 2.
 expect_error "need --save-dir" "$bin" --resume

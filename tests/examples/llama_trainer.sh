@@ -128,6 +128,18 @@ mkdir "$tmp/taken"; echo keep > "$tmp/taken/mine.txt"
 expect_error "exists already" "$bin" --hf-dir "$tmp/model" \
   "${small[@]}" --export-hf "$tmp/taken"
 [ "$(cat "$tmp/taken/mine.txt")" = keep ] || { echo "FAILED: the existing directory changed"; fail=1; }
+# a config.json that is not JSON, read while the flags are checked: exit 2, not an abort (134)
+mkdir "$tmp/badjson"; echo '{"vocab_size": 5' > "$tmp/badjson/config.json"
+expect_error "config.json: not valid JSON" "$bin" --hf-dir "$tmp/badjson" "${small[@]}" \
+  --document-start-id 1
+grep -q "terminate called" "${tmp}/expect_error.log" && { echo "FAILED: an abort"; fail=1; }
+"$bin" --hf-dir "$tmp/badjson" "${small[@]}" --document-start-id 1 > /dev/null 2>&1
+[ $? -eq 2 ] || { echo "FAILED: a config.json that is not JSON did not exit 2"; fail=1; }
+# export directories: the same one twice, or under a file
+expect_error "--export-adapter and --export-hf are both $tmp/newdir" "$bin" --hf-dir "$tmp/model" \
+  "${small[@]}" --lora-rank 2 --export-adapter "$tmp/newdir" --export-hf "$tmp/newdir"
+expect_error "--export-hf $tmp/odd.bin/out: $tmp/odd.bin is not a directory" "$bin" \
+  --hf-dir "$tmp/model" "${small[@]}" --export-hf "$tmp/odd.bin/out"
 # unknown preset
 expect_error "expected one of llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.2-1b" "$bin" \
   --preset llama4 --plan

@@ -64,6 +64,16 @@ fi
 vocab=$("$py" -c "import transformers, sys; print(len(transformers.AutoTokenizer.from_pretrained(sys.argv[1])))" "$tmp/tok")
 "$py" "$ref/hf_llama.py" make-tiny --out "$tmp/base" --vocab "$vocab" --hidden 64 --layers 2 \
   --heads 4 --kv-heads 2 --intermediate 160 --seed 7 > "$tmp/make.log" 2>&1 || { cat "$tmp/make.log"; exit 1; }
+# A model on the command line replaces the recipe's (the 70B recipe's documented use is
+# --recipe ... --hf-dir DIR): the 1B recipe's --preset gives way to --hf-dir.
+if "$planner" --recipe "$recipes/llama3.2-1b-pretrain-8gpu.toml" --hf-dir "$tmp/base" \
+    --plan-world 8 > "$tmp/override.log" 2>&1 &&
+    grep -q "^Llama hidden 64 layers 2 " "$tmp/override.log"; then
+  echo "command line over recipe: --hf-dir replaces the recipe's --preset: $(head -1 "$tmp/override.log")"
+else
+  echo "FAILED: --hf-dir on the command line did not replace the recipe's --preset:"
+  cat "$tmp/override.log"; fail=1
+fi
 cpu="$recipes/smollm2-135m-chat-lora-2cpu.toml"
 run_cpu() {  # run_cpu OUT FLAGS...: the recipe at world 2 with the stand-in's paths
   local out="$1"; shift
