@@ -24,6 +24,7 @@
 #include "fsdp/io/files.h"
 #include "fsdp/ops/float8.h"
 #include "optimizer.h"
+#include "output_paths.h"
 
 namespace trainer {
 namespace {
@@ -449,6 +450,7 @@ int trainer_main(int argc, char** argv,
   // Every rank parses the same arguments and reaches the same verdict, so all exit before any
   // communication starts; only rank 0 prints it. A check that reads a file the flags name (a
   // config.json) may throw: bad input too.
+  set_output_rank(launch.rank);
   Parsed parsed;
   try {
     parsed = parse(argc, argv, launch.world_size);

@@ -14,6 +14,9 @@
 namespace trainer {
 namespace {
 
+// Whether this process writes the files rank 0 alone writes (set_output_rank).
+bool writer_rank = true;
+
 // POSIX, not std::filesystem: libtorch.so exports its own copies of some of its functions
 // (fsdp/io/files.h).
 bool stat_of(const std::string& path, struct stat& st) { return ::stat(path.c_str(), &st) == 0; }
@@ -44,15 +47,26 @@ std::string check_directory_writable(const char* flag, const std::string& shown,
 
 }  // namespace
 
+void set_output_rank(int rank) { writer_rank = rank == 0; }
+
 std::string check_writable_file(const char* flag, const std::string& path) {
+  if (!writer_rank) return "";
   struct stat st {};
-  if (stat_of(path, st) && S_ISDIR(st.st_mode)) {
-    return fmt::format("{} {}: is a directory; give the path of a file", flag, path);
+  if (stat_of(path, st)) {
+    if (S_ISDIR(st.st_mode)) {
+      return fmt::format("{} {}: is a directory; give the path of a file", flag, path);
+    }
+    // The file itself (/dev/stdout, a pipe): its directory need not be writable.
+    if (::access(path.c_str(), W_OK) != 0) {
+      return fmt::format("{} {}: cannot write it: {}", flag, path, std::strerror(errno));
+    }
+    return "";
   }
   return check_directory_writable(flag, path, fsdp::io::parent_directory(path));
 }
 
 std::string check_new_file(const char* flag, const std::string& path) {
+  if (!writer_rank) return "";
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     return fmt::format(
@@ -64,6 +78,7 @@ std::string check_new_file(const char* flag, const std::string& path) {
 }
 
 std::string check_new_directory(const char* flag, const std::string& path) {
+  if (!writer_rank) return "";
   return check_directory_writable(
       flag, path, fsdp::io::parent_directory(fsdp::io::without_trailing_slash(path)));
 }

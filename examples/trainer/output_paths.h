@@ -9,12 +9,19 @@
 
 namespace trainer {
 
+// The launched rank of this process, before the flags are checked (trainer_main sets it). The
+// files rank 0 alone writes (--export, --export-hf, --export-adapter, --metrics-out) are
+// checked there alone: another host's ranks may not see its paths, and a refusal only they
+// reached would end the job without a word (rank 0 prints the verdict). --save-dir, which
+// every rank writes, is checked on every rank.
+void set_output_rank(int rank);
+
 // A file the run creates (--export): a new path, in a directory that exists or can be made, and
 // written. The error ("FLAG PATH: ...") or "".
 std::string check_new_file(const char* flag, const std::string& path);
 
-// A file the run writes, replacing or extending it (--metrics-out): not a directory, and its
-// directory writable.
+// A file the run writes, replacing or extending it (--metrics-out): not a directory, and
+// writable itself when it exists (/dev/stdout, a pipe), else its directory (made if missing).
 std::string check_writable_file(const char* flag, const std::string& path);
 
 // A directory the run creates (--export-hf, --export-adapter; whether it may exist already is

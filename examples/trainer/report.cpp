@@ -1,11 +1,13 @@
 #include "report.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -71,13 +73,28 @@ void Reporter::open_metrics(int start) {
   fsdp::agree_on<fsdp::InvalidArgument>(*dist_.group, "--metrics-out", [&] {
     if (!lead_) return;
     auto mode = std::ios::out | std::ios::trunc;
-    if (start > 0 && fsdp::io::path_exists(o_.metrics_out)) {
-      // A resumed run goes on with the record of the run it resumes, rewritten whole (then
-      // renamed into place) so that a crash leaves the old record or the new one.
-      const std::string staged = fmt::format("{}.tmp-{}", o_.metrics_out, ::getpid());
-      fsdp::io::write_file(staged, lines_before(fsdp::io::read_file(o_.metrics_out), start));
-      fsdp::io::publish(staged, o_.metrics_out);
+    struct stat st {};
+    const bool exists = ::stat(o_.metrics_out.c_str(), &st) == 0;
+    if (start > 0 && exists) {
       mode = std::ios::out | std::ios::app;
+      if (S_ISREG(st.st_mode)) {
+        // A resumed run goes on with the record of the run it resumes, rewritten whole beside
+        // the file a link names (then renamed over it) so that a crash leaves the old record or
+        // the new one. Anything else (a pipe, /dev/stdout) is only appended to.
+        char* real = ::realpath(o_.metrics_out.c_str(), nullptr);
+        const std::string target = real ? real : o_.metrics_out;
+        std::free(real);
+        const std::string staged = fmt::format("{}.tmp-{}", target, ::getpid());
+        try {
+          fsdp::io::write_file(staged, lines_before(fsdp::io::read_file(target), start));
+          fsdp::io::publish(staged, target);
+        } catch (...) {
+          ::unlink(staged.c_str());
+          throw;
+        }
+      }
+    } else if (!exists) {
+      fsdp::io::make_directories(fsdp::io::parent_directory(o_.metrics_out));
     }
     errno = 0;
     metrics_.open(o_.metrics_out, mode);

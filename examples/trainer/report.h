@@ -30,8 +30,9 @@ class Reporter {
   Reporter(const TrainOptions& options, const fsdp::Distributed& dist, ModelInfo model);
 
   // Collective, once the run knows its first step (after --resume): opens --metrics-out on rank
-  // 0, InvalidArgument on every rank if it cannot. A run from step 0 replaces the file; a run
-  // resumed at `start` keeps the earlier run's lines before `start` and appends.
+  // 0 (its directory made if missing), InvalidArgument on every rank if it cannot. A run from
+  // step 0 replaces the file; a run resumed at `start` keeps the earlier run's lines before
+  // `start` in a regular file (a link's target) and appends; other files are appended to.
   void open_metrics(int start);
 
   // startup_peak_bytes: this rank's peak RSS once the model is built and sharded (collective:

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -43,17 +44,22 @@ constexpr const char* kRemovingPrefix = ".tmp-removing-";
 
 std::string step_dir_name(int64_t step) { return fmt::format("{}{:010d}", kStepPrefix, step); }
 
-// The step of a name "step_<digits>" exactly (what step_dir_name writes), else nullopt: a
-// user's "step_2_best" beside the checkpoints is neither loaded nor removed.
+// The step of a name "step_" and 10 to 19 digits (what step_dir_name writes: at least ten,
+// and an int64 has at most 19), else nullopt: a user's "step_2_best" or "step_5" beside the
+// checkpoints is neither loaded nor removed.
 std::optional<int64_t> step_of(const std::string& name) {
   const size_t n = std::strlen(kStepPrefix);
-  if (name.size() <= n || name.size() > n + 18 || name.compare(0, n, kStepPrefix) != 0) {
+  if (name.size() < n + 10 || name.size() > n + 19 || name.compare(0, n, kStepPrefix) != 0) {
     return std::nullopt;
   }
   for (size_t i = n; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return std::nullopt;
   }
-  return std::stoll(name.substr(n));
+  try {
+    return std::stoll(name.substr(n));
+  } catch (const std::out_of_range&) {
+    return std::nullopt;  // 19 digits above int64's largest
+  }
 }
 
 // Test hook for crash safety: FSDP_TEST_KILL_IN_SAVE=<step> makes rank 0 kill itself with
@@ -250,9 +256,16 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
             "step)",
             final_dir));
       }
-      if (!io::path_exists(root)) {
-        io::make_directories(root);
-        io::sync_path(io::parent_directory(root));  // the new directory's entry, durably
+      // Each directory made, durably: its entry in its parent flushed, from the top down.
+      std::vector<std::string> made;
+      for (std::string at = io::without_trailing_slash(root); !io::path_exists(at);
+           at = io::parent_directory(at)) {
+        made.push_back(at);
+        if (io::parent_directory(at) == at) break;
+      }
+      io::make_directories(root);
+      for (auto it = made.rbegin(); it != made.rend(); ++it) {
+        io::sync_path(io::parent_directory(*it));
       }
       for (const auto& name : io::list_directory(root)) {
         if (left_by_a_crash(name)) io::remove_tree(join(root, name));

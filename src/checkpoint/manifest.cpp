@@ -116,17 +116,18 @@ Manifest manifest_from_json(const std::string& text, const std::string& path) {
   Manifest m;
   std::string where = "the header";
   try {
-    if (j.is_object() && j.contains(kCrcField)) {
+    if (j.at("format").get<std::string>() != kFormat) throw fail("not an fsdp-cpp checkpoint");
+    const int version = integer<int>(j.at("version"));
+    if (version != kFormatVersion) {
+      throw fail(fmt::format("format version {}, this library reads {}", version, kFormatVersion));
+    }
+    // After the version: another version may checksum another way.
+    if (j.contains(kCrcField)) {
       const auto stored = integer<uint32_t>(j.at(kCrcField));
       j.erase(kCrcField);
       if (checksum(j.dump(1)) != stored) {
         throw fail("checksum mismatch: the manifest was changed or damaged after it was written");
       }
-    }
-    if (j.at("format").get<std::string>() != kFormat) throw fail("not an fsdp-cpp checkpoint");
-    const int version = integer<int>(j.at("version"));
-    if (version != kFormatVersion) {
-      throw fail(fmt::format("format version {}, this library reads {}", version, kFormatVersion));
     }
     m.library_version = j.at("library_version").get<std::string>();
     m.world_size = integer<int>(j.at("world_size"));

@@ -225,6 +225,7 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
               0);
           std::ofstream(dir + "/.tmp-notes") << "mine";
           ::mkdir((dir + "/step_0000000000").c_str(), 0755);
+          ::mkdir((dir + "/step_5").c_str(), 0755);  // not a name of ours: not "damaged"
         }
         pg->barrier()->wait();
         EXPECT_EQ(latest_checkpoint(dir), dir + "/step_0000000004");
@@ -235,9 +236,9 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
         save_checkpoint(dir, 5, *t.model, t.opt.get(), pg, keep2);
         pg->barrier()->wait();
         if (pg->rank() == 0) {
-          EXPECT_EQ(list_names(dir),
-                    (std::vector<std::string>{".tmp-notes", "step_0000000000", "step_0000000004",
-                                              "step_0000000005", "step_0000000099_best"}));
+          EXPECT_EQ(list_names(dir), (std::vector<std::string>{".tmp-notes", "step_0000000000",
+                                                               "step_0000000004", "step_0000000005",
+                                                               "step_0000000099_best", "step_5"}));
         }
         pg->barrier()->wait();
         // A later step's checkpoint (another run's) stays, and the one just saved is kept:
@@ -249,7 +250,7 @@ TEST(Checkpoint, KeepsTheLastKAndIgnoresUnfinishedSaves) {
           EXPECT_EQ(list_names(dir),
                     (std::vector<std::string>{".tmp-notes", "step_0000000000", "step_0000000005",
                                               "step_0000000006", "step_0000000010",
-                                              "step_0000000099_best"}));
+                                              "step_0000000099_best", "step_5"}));
         }
         EXPECT_EQ(latest_checkpoint(dir), dir + "/step_0000000010");
         pg->barrier()->wait();

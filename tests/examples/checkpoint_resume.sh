@@ -101,6 +101,14 @@ rm -r "$tmp/m/step_0000000006"
   || { cat "$tmp/m3.log"; exit 1; }
 grep -q "^resume: AdamW's weight decay 0.5 (saved: 0.01) as the flags say" "$tmp/m3.log" \
   || { echo "no line for the changed weight decay:"; cat "$tmp/m3.log"; fail=1; }
+# A --metrics-out that is no regular file is appended to on --resume (/dev/null), and one in a
+# directory that does not exist yet gets it made.
+rm -r "$tmp/m/step_0000000006"
+"$bin" "${args[@]}" --steps 6 --save-dir "$tmp/m" --resume --metrics-out /dev/null > "$tmp/m5.log" 2>&1 \
+  || { echo "--resume --metrics-out /dev/null:"; cat "$tmp/m5.log"; fail=1; }
+[ -c /dev/null ] && [ -z "$(ls /dev/null.tmp-* 2>/dev/null)" ] || { echo "/dev/null was replaced"; fail=1; }
+"$bin" "${args[@]}" --steps 1 --metrics-out "$tmp/new/dir/m.jsonl" > "$tmp/m6.log" 2>&1 \
+  && [ -s "$tmp/new/dir/m.jsonl" ] || { echo "--metrics-out in a new directory:"; cat "$tmp/m6.log"; fail=1; }
 "$bin" "${args[@]}" --steps 5 --save-dir "$tmp/m" --resume > "$tmp/m4.log" 2>&1 \
   || { cat "$tmp/m4.log"; exit 1; }
 grep -q "is at step 6, --steps 5: nothing left to train" "$tmp/m4.log" \

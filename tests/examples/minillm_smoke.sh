@@ -112,14 +112,15 @@ expect_error "--offload optimizer keeps fsdp::FusedAdamW's state on the host" "$
 expect_error "--offload: bogus not in" "$bin" --offload bogus
 expect_error "--quantize-all-gather: must be a block size, a multiple of 4" "$bin" --quantize-all-gather 6
 expect_error "--grad-accum 3 must divide the 4 sequences each rank trains on" "$bin" "${args[@]}" --grad-accum 3
-# Files the run writes: one it cannot open or a --profile-dir it cannot write fails before
-# training on every rank alike (rank 1 names rank 0's failure); a write that fails later (a
-# full disk) stops the run naming the file and the cause, never silently, and an error inside
-# a profiled window still exits with status 1 (a profiler left running crashed libtorch's
-# teardown: 139).
-expect_error "[rank 1/2] error: --metrics-out: rank 0: cannot write /nonexistent/m.jsonl: No such file or directory" \
-  "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --metrics-out /nonexistent/m.jsonl
+# Files the run writes: a --metrics-out it cannot write is refused while the flags are checked
+# (by rank 0, which alone writes it; the launcher ends the others), a --profile-dir it cannot
+# write fails before training on every rank alike (rank 1 names rank 0's failure); a write that
+# fails later (a full disk) stops the run naming the file and the cause, never silently, and an
+# error inside a profiled window still exits with status 1 (a profiler left running crashed
+# libtorch's teardown: 139).
 touch "$tmp/a_file"
+expect_error "error: --metrics-out $tmp/a_file/m.jsonl: $tmp/a_file is not a directory" \
+  "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --metrics-out "$tmp/a_file/m.jsonl"
 expect_error "[rank 1/2] error: --profile-dir: rank 0: cannot create directory $tmp/a_file/x: Not a directory; rank 1:" \
   "${mpiexec[@]}" -n 2 "$bin" "${args[@]}" --profile-steps 1:2 --profile-dir "$tmp/a_file/x"
 # A --resume from inside the --profile-steps window profiles the rest of the window.
