@@ -20,8 +20,9 @@
 // manifest last, fsyncs, and renames the directory into place (then fsyncs `dir`). A crash at
 // any point leaves earlier checkpoints as they were and at most a .tmp-step_<step> directory,
 // which latest_checkpoint ignores and the next save removes. Only the names this library writes
-// count: `step_` and ten or more digits; anything else in `dir` (a user's "step_2_best", a
-// ".tmp-notes") is neither read nor removed.
+// count: `step_` and 10 to 19 digits, and `.tmp-step_<digits>` and `.tmp-removing-step_<digits>`
+// (a save's or a removal's leftovers); anything else in `dir` (a user's "step_2_best" or
+// "step_5", a ".tmp-notes") is neither read nor removed.
 //
 // Collective: every rank of `pg` calls these with the same arguments. A failure on any rank
 // (a file that cannot be written or read, a checksum or shape that does not match) is reported
