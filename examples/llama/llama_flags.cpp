@@ -12,6 +12,7 @@
 #include "flag_checks.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/io/files.h"
+#include "fsdp/models/hf_checkpoint.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llama_lora.h"
 #include "output_paths.h"
@@ -213,6 +214,16 @@ std::string check_export(const Options& o, bool read_files) {
   for (const auto& t : o.tokenizer) {
     if (read_files && !exists(t))
       return fmt::format("--tokenizer {}: no such file or directory", t);
+    // A directory: the export copies the tokenizer files it holds, and needs one at least.
+    struct stat st {};
+    if (read_files && ::stat(t.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      const auto& names = ll::tokenizer_file_names();
+      if (std::none_of(names.begin(), names.end(),
+                       [&](const std::string& n) { return exists(t + "/" + n); })) {
+        return fmt::format("--tokenizer {}: the directory holds none of {}", t,
+                           fmt::join(names, ", "));
+      }
+    }
   }
   if (!o.export_adapter.empty()) {
     if (!o.lora.enabled()) return "--export-adapter needs LoRA adapters (--lora-rank R)";

@@ -140,6 +140,11 @@ expect_error "--export-adapter and --export-hf are both $tmp/newdir" "$bin" --hf
   "${small[@]}" --lora-rank 2 --export-adapter "$tmp/newdir" --export-hf "$tmp/newdir"
 expect_error "--export-hf $tmp/odd.bin/out: $tmp/odd.bin is not a directory" "$bin" \
   --hf-dir "$tmp/model" "${small[@]}" --export-hf "$tmp/odd.bin/out"
+# a tokenizer directory without tokenizer files: refused before training, not at the export
+mkdir "$tmp/no_tokenizer"
+expect_error "--tokenizer $tmp/no_tokenizer: the directory holds none of tokenizer.model" "$bin" \
+  --hf-dir "$tmp/model" "${small[@]}" --export-hf "$tmp/with_tok" --tokenizer "$tmp/no_tokenizer"
+[ -e "$tmp/with_tok" ] && { echo "FAILED: the refused run exported"; fail=1; }
 # unknown preset
 expect_error "expected one of llama2-7b, llama3-8b, llama3-70b, llama3.1-8b, llama3.2-1b" "$bin" \
   --preset llama4 --plan
