@@ -215,8 +215,7 @@ std::string check_export(const Options& o, bool read_files) {
     if (read_files && !exists(t))
       return fmt::format("--tokenizer {}: no such file or directory", t);
     // A directory: the export copies the tokenizer files it holds, and needs one at least.
-    struct stat st {};
-    if (read_files && ::stat(t.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (read_files && fsdp::io::is_directory(t)) {
       const auto& names = ll::tokenizer_file_names();
       if (std::none_of(names.begin(), names.end(),
                        [&](const std::string& n) { return exists(t + "/" + n); })) {

@@ -84,7 +84,7 @@ void Reporter::open_metrics(int start) {
         char* real = ::realpath(o_.metrics_out.c_str(), nullptr);
         const std::string target = real ? real : o_.metrics_out;
         std::free(real);
-        const std::string staged = fmt::format("{}.tmp-{}", target, ::getpid());
+        const std::string staged = fsdp::io::staging_path(target);
         try {
           fsdp::io::write_file(staged, lines_before(fsdp::io::read_file(target), start));
           fsdp::io::publish(staged, target);

@@ -256,17 +256,7 @@ std::string save_checkpoint(const std::string& dir, int64_t step, const torch::n
             "step)",
             final_dir));
       }
-      // Each directory made, durably: its entry in its parent flushed, from the top down.
-      std::vector<std::string> made;
-      for (std::string at = io::without_trailing_slash(root); !io::path_exists(at);
-           at = io::parent_directory(at)) {
-        made.push_back(at);
-        if (io::parent_directory(at) == at) break;
-      }
-      io::make_directories(root);
-      for (auto it = made.rbegin(); it != made.rend(); ++it) {
-        io::sync_path(io::parent_directory(*it));
-      }
+      io::make_directories(root);  // durably: each directory it makes is flushed
       for (const auto& name : io::list_directory(root)) {
         if (left_by_a_crash(name)) io::remove_tree(join(root, name));
       }
@@ -517,8 +507,8 @@ CheckpointInfo load_checkpoint(const std::string& path, torch::nn::Module& model
     m = detail::manifest_from_json(io::read_file(manifest_path), manifest_path);
     // The directory's name and the manifest's step must agree: a resume takes its step (the
     // learning-rate schedule, the data position) from the manifest.
-    const auto named = step_of(io::without_trailing_slash(dir).substr(
-        io::without_trailing_slash(dir).find_last_of('/') + 1));
+    const std::string trimmed = io::without_trailing_slash(dir);
+    const auto named = step_of(trimmed.substr(trimmed.find_last_of('/') + 1));
     if (named && *named != m.step) {
       throw CheckpointError(fmt::format("{} says step {}, its directory's name step {}",
                                         manifest_path, m.step, *named));

@@ -3,9 +3,6 @@
 #include "fsdp/checkpoint/export.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
-#include <atomic>
 
 #include "fsdp/checkpoint/state_dict.h"
 #include "fsdp/comm/agree.h"
@@ -19,9 +16,7 @@ void export_safetensors(const std::string& path, const torch::nn::Module& model,
   FSDP_CHECK_ARG(pg != nullptr, "export_safetensors: the process group is null");
   auto& g = *pg;
   const bool writer_rank = g.rank() == 0;
-  // A name of this process's own beside `path`: a user's "<path>.tmp" is not this save's.
-  static std::atomic<int> counter{0};
-  const std::string tmp = fmt::format("{}.tmp-{}-{}", path, ::getpid(), counter++);
+  const std::string tmp = io::staging_path(path);
   const std::string what = fmt::format("export_safetensors {}", path);
   std::unique_ptr<SafetensorsWriter> writer;
   agree_on<CheckpointError>(g, what, [&] {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -89,7 +90,11 @@ void make_directories(const std::string& path) {
   if (path.empty() || is_directory(path)) return;
   const auto slash = path.find_last_of('/');
   if (slash != std::string::npos && slash > 0) make_directories(path.substr(0, slash));
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) fail("create directory", path);
+  if (::mkdir(path.c_str(), 0755) == 0) {
+    sync_path(parent_directory(path));  // the new entry, durably
+  } else if (errno != EEXIST) {
+    fail("create directory", path);
+  }
 }
 
 void remove_tree(const std::string& path) {
@@ -232,6 +237,11 @@ void check_publishable(const std::string& final_path) {
         fmt::format("cannot write {}: it is a {}, which would be replaced; give the path of a file",
                     final_path, kind));
   }
+}
+
+std::string staging_path(const std::string& final_path) {
+  static std::atomic<int> counter{0};
+  return fmt::format("{}.tmp-{}-{}", final_path, ::getpid(), counter++);
 }
 
 void publish(const std::string& staged, const std::string& final_path) {

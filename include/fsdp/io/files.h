@@ -26,7 +26,8 @@ bool path_exists(const std::string& path);  // lstat: a dangling link exists
 bool is_directory(const std::string& path);
 // The names in a directory (no "." or ".."), unsorted; empty when it does not exist.
 std::vector<std::string> list_directory(const std::string& path);
-// mkdir -p.
+// mkdir -p, durably: each directory it makes is flushed into its parent (fsync), so that a save
+// published inside survives a power cut with the directories above it.
 void make_directories(const std::string& path);
 // rm -rf; nothing when the path does not exist.
 void remove_tree(const std::string& path);
@@ -104,6 +105,10 @@ void sync_path(const std::string& path);
 // replaced by the entry, its target left alone. The one copy of the protocol every save of this
 // library follows.
 void publish(const std::string& staged, const std::string& final_path);
+// A name of this process's own beside `final_path` to stage it under before publish:
+// "<final_path>.tmp-<pid>-<n>", n counting this process's calls (a user's "<final_path>.tmp" is
+// never a save's).
+std::string staging_path(const std::string& final_path);
 // publish's check of `final_path` alone, for a save to make before it writes anything (IoError
 // when a device, named pipe or socket holds it).
 void check_publishable(const std::string& final_path);

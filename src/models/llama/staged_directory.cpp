@@ -1,9 +1,6 @@
 #include "llama/staged_directory.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
-
-#include <atomic>
 
 #include "fsdp/errors.h"
 #include "fsdp/io/files.h"
@@ -25,9 +22,8 @@ void check_new_directory(const std::string& dir) {
 }
 
 std::string make_staging_directory(const std::string& dir) {
-  static std::atomic<int> counter{0};
   io::make_directories(io::parent_directory(dir));
-  std::string staged = fmt::format("{}.tmp-{}-{}", dir, ::getpid(), counter++);
+  std::string staged = io::staging_path(dir);
   io::remove_tree(staged);
   io::make_directories(staged);
   return staged;
